@@ -1,0 +1,1 @@
+//! Engine model, replica emulator, fleet simulator and workloads.

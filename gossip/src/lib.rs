@@ -1,0 +1,1 @@
+//! Headroom's mesh transport and membership.

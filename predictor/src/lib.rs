@@ -1,0 +1,1 @@
+//! Headroom's latency predictor: a pure library (no I/O, no clocks).

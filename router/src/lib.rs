@@ -1,0 +1,1 @@
+//! The Headroom router node as a library.

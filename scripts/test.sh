@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs every check and test Headroom has. CI (.ci/run) calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== fmt";    cargo fmt --all -- --check
+echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
+echo "== tests";  cargo test --workspace
