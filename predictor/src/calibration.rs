@@ -1,0 +1,100 @@
+//! Online quantile tracking of log scores s = log(y/ŷ) (ACI on the score scale) and small
+//! EWMA trackers.
+//!
+//! `hi` tracks the (1−α) quantile: q ← q + η(1{s > q} − α). Summing the updates gives
+//! q_T − q_0 = η·Σ(miss_t − α), so the long-run miss rate is α + O(1/(ηT)) for any score
+//! sequence (Gibbs & Candès 2021) — this is the coverage guarantee. `mid` tracks the median
+//! the same way. Invariant: both stay within ±[`Q_LIMIT`] (ACI's infinite sets are avoided).
+
+/// Bound on tracked log quantiles (e^8 ≈ 3000×): beyond this a bound is meaningless.
+pub const Q_LIMIT: f64 = 8.0;
+/// Floor on the log-spread used for violation probabilities.
+pub const SIGMA_FLOOR: f64 = 0.02;
+
+/// Tracked upper and median quantiles of a log score stream.
+#[derive(Clone, Copy, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct ScoreQuantiles {
+    pub hi: f64,
+    pub mid: f64,
+    /// Scores seen (uncensored, plus informative censored ones).
+    pub n: u64,
+}
+
+impl ScoreQuantiles {
+    pub fn new(hi: f64, mid: f64) -> Self {
+        Self { hi, mid, n: 0 }
+    }
+
+    /// One fully observed score.
+    #[inline]
+    pub fn update(&mut self, s: f64, alpha: f64, eta_hi: f64, eta_mid: f64) {
+        let miss = if s > self.hi { 1.0 } else { 0.0 };
+        self.hi = (self.hi + eta_hi * (miss - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
+        let above = if s > self.mid { 1.0 } else { 0.0 };
+        self.mid = (self.mid + eta_mid * (above - 0.5)).clamp(-Q_LIMIT, Q_LIMIT);
+        self.n += 1;
+    }
+
+    /// A censored score: the true score is at least `s_lower`. Only the "above" outcomes are
+    /// known, so only those move the quantiles.
+    #[inline]
+    pub fn update_censored(&mut self, s_lower: f64, alpha: f64, eta_hi: f64, eta_mid: f64) {
+        let mut informative = false;
+        if s_lower > self.hi {
+            self.hi = (self.hi + eta_hi * (1.0 - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
+            informative = true;
+        }
+        if s_lower > self.mid {
+            self.mid = (self.mid + eta_mid * 0.5).clamp(-Q_LIMIT, Q_LIMIT);
+            informative = true;
+        }
+        if informative {
+            self.n += 1;
+        }
+    }
+
+    /// Log-spread σ such that a lognormal through (mid, hi) puts `z_hi` σ between them.
+    #[inline]
+    pub fn sigma(&self, z_hi: f64) -> f64 {
+        ((self.hi - self.mid) / z_hi).max(SIGMA_FLOOR)
+    }
+}
+
+/// Exponentially weighted mean whose early values are plain averages (rate ≥ 1/(n+1)).
+#[inline]
+pub fn ewma(prev: f64, x: f64, rate: f64, n_before: u64) -> f64 {
+    let r = rate.max(1.0 / (n_before as f64 + 1.0));
+    prev + r * (x - prev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_run_miss_rate_equals_alpha_for_any_sequence() {
+        // An adversarial-looking deterministic sequence: a sawtooth with jumps.
+        let mut q = ScoreQuantiles::new(0.0, 0.0);
+        let mut misses = 0u32;
+        let n = 20_000;
+        for i in 0..n {
+            let s = ((i * 7919) % 1000) as f64 / 500.0 + if i > n / 2 { 1.5 } else { 0.0 };
+            if s > q.hi {
+                misses += 1;
+            }
+            q.update(s, 0.1, 0.05, 0.02);
+        }
+        let rate = f64::from(misses) / f64::from(n);
+        assert!((rate - 0.1).abs() < 0.005, "{rate}");
+    }
+
+    #[test]
+    fn censored_scores_only_push_upward() {
+        let mut q = ScoreQuantiles::new(0.5, 0.0);
+        q.update_censored(0.1, 0.1, 0.05, 0.02);
+        assert_eq!(q.hi, 0.5, "≥0.1 says nothing about exceeding 0.5");
+        assert!(q.mid > 0.0);
+        q.update_censored(0.9, 0.1, 0.05, 0.02);
+        assert!(q.hi > 0.5);
+    }
+}

@@ -1,0 +1,760 @@
+//! The learner: single-threaded owner of all statistics. It takes labelled samples, keeps
+//! class models, per-replica corrections and calibration, and publishes immutable
+//! [`Snapshot`]s. The router runs it on a trainer thread; the simulator calls it inline.
+//!
+//! Invariants: no clock is read (every time comes from a sample or an argument); bad input
+//! is counted and skipped, never a panic; peer aggregates always equal the sum of the
+//! currently held peer slots.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::calibration::ScoreQuantiles;
+use crate::class_model::{ClassModel, ClassTrack, ErrTrack, SolveParams};
+use crate::config::{CorrectionMode, DriftConfig, PredictorConfig};
+use crate::counters::{CounterValues, Counters};
+use crate::error::FederationError;
+use crate::fastmap::FastMap;
+use crate::features::{
+    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, TPOT_DIM, TTFT_DIM, dot, tpot_features,
+    ttft_features,
+};
+use crate::federation::{
+    CorrectionEntry, FederationSlot, MergeOutcome, PeerSlot, StatsBlock, TARGET_TPOT, TARGET_TTFT,
+};
+use crate::normal::normal_quantile;
+use crate::observation::{Observation, ReplicaKey};
+use crate::prediction::{ModelState, Prediction, TargetParams};
+use crate::replica::{ReplicaTrack, TargetTrack};
+use crate::report::BoundSource;
+use crate::snapshot::Snapshot;
+
+/// Labels a replica needs before its recent absolute error feeds the guard.
+const GUARD_MIN_LABELS: u64 = 5;
+/// Coverage samples before a collapse can mark a replica Stale.
+const COVERAGE_MIN_LABELS: u64 = 20;
+/// A latched TPOT correction releases once |c| falls below this (log units).
+const LATCH_RELEASE: f64 = 0.1;
+
+/// One observed outcome of a placement, with the observation made at dispatch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    pub key: ReplicaKey,
+    /// What the router observed when it placed the request.
+    pub obs: Observation,
+    /// When the label became known (seconds, shared axis). Drives forward decay.
+    pub at_s: f64,
+    /// Measured TTFT (ms), dispatch → first streamed chunk.
+    pub ttft_ms: Option<f64>,
+    /// Measured TPOT (ms): (t_last − t_first)/(output_tokens − 1).
+    pub tpot_ms: Option<f64>,
+    /// Output tokens streamed; TPOT labels need at least 2.
+    pub output_tokens: u32,
+    /// The request ended early (client cancel, timeout): every given label is only a lower
+    /// bound ("≥ value"). Such samples update calibration only.
+    pub censored: bool,
+    /// The prediction issued at dispatch, if the router kept it: scores and coverage are
+    /// then measured against what was actually issued (prequential).
+    pub predicted: Option<Prediction>,
+}
+
+/// Derived constants, computed once from the configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Knobs {
+    pub alpha: f64,
+    pub upper_quantile: f64,
+    pub z_hi: f64,
+    pub cold_hi: f64,
+    pub eta_hi: f64,
+    pub eta_mid: f64,
+    pub eta_c: f64,
+    pub floor_ms: f64,
+    pub ewma_rate: f64,
+    pub backoff_min: u64,
+    pub warm_min: u64,
+    pub warm_max_log_err: f64,
+    pub stale_after_s: f64,
+    pub coverage_collapse: f64,
+    pub guard_factor: f64,
+    pub ttft_correction: bool,
+    pub tpot_correction: CorrectionMode,
+    pub drift: DriftConfig,
+    pub solve: SolveParams,
+}
+
+impl Knobs {
+    fn new(c: &PredictorConfig) -> Self {
+        Self {
+            alpha: 1.0 - c.upper_quantile,
+            upper_quantile: c.upper_quantile,
+            z_hi: normal_quantile(c.upper_quantile),
+            cold_hi: c.cold_upper_factor.ln(),
+            eta_hi: c.quantile_step,
+            eta_mid: c.median_step,
+            eta_c: c.correction_step,
+            floor_ms: c.min_target_ms,
+            ewma_rate: c.ewma_rate,
+            backoff_min: c.backoff_min_labels,
+            warm_min: c.warm_min_labels,
+            warm_max_log_err: c.warm_max_log_err,
+            stale_after_s: c.stale_after_s,
+            coverage_collapse: c.coverage_collapse,
+            guard_factor: c.guard_factor,
+            ttft_correction: c.ttft_correction,
+            tpot_correction: c.tpot_correction,
+            drift: c.drift,
+            solve: SolveParams {
+                ridge: c.ridge,
+                tau_s: c.tau_s,
+                interval_s: c.landmark_interval_s,
+                solve_every: c.solve_every,
+            },
+        }
+    }
+
+    /// The quantiles a bound uses: the replica's own once it has enough labels, else its
+    /// class's, else the global ones, else a cold default.
+    pub fn backoff(
+        &self,
+        replica: Option<&ScoreQuantiles>,
+        class: &ScoreQuantiles,
+        global: &ScoreQuantiles,
+    ) -> (ScoreQuantiles, BoundSource) {
+        match replica {
+            Some(r) if r.n >= self.backoff_min => return (*r, BoundSource::Replica),
+            _ => {}
+        }
+        if class.n >= self.backoff_min {
+            (*class, BoundSource::Class)
+        } else if global.n >= self.backoff_min {
+            (*global, BoundSource::Global)
+        } else {
+            (ScoreQuantiles::new(self.cold_hi, 0.0), BoundSource::Cold)
+        }
+    }
+
+    fn correction_applies(&self, target: u8, rt: &TargetTrack) -> bool {
+        if target == TARGET_TTFT {
+            return self.ttft_correction;
+        }
+        match self.tpot_correction {
+            CorrectionMode::Off => false,
+            CorrectionMode::Always => true,
+            CorrectionMode::OnDrift => rt.latched,
+        }
+    }
+
+    pub fn class_state<const D: usize>(
+        &self,
+        m: &ClassModel<D>,
+        err: &ErrTrack,
+        now_s: f64,
+    ) -> ModelState {
+        let (n, last) = m.labels();
+        if n < self.warm_min || !m.solved {
+            ModelState::Cold
+        } else if now_s - last > self.stale_after_s {
+            ModelState::Stale
+        } else if err.n >= GUARD_MIN_LABELS && err.log > self.warm_max_log_err {
+            ModelState::Cold
+        } else {
+            ModelState::Warm
+        }
+    }
+
+    pub fn replica_state(
+        &self,
+        class_state: ModelState,
+        rt: &TargetTrack,
+        now_s: f64,
+    ) -> ModelState {
+        if class_state != ModelState::Warm {
+            return class_state;
+        }
+        let (n, last) = rt.all_labels();
+        if n == 0 {
+            // A new replica of a known class inherits the class model (fleet prior).
+            return ModelState::Warm;
+        }
+        let silent = now_s - last > self.stale_after_s;
+        let collapsed = rt.coverage_n >= COVERAGE_MIN_LABELS
+            && rt.coverage < self.upper_quantile - self.coverage_collapse;
+        if silent || collapsed {
+            ModelState::Stale
+        } else if rt.err.n >= self.warm_min && rt.err.log > self.warm_max_log_err {
+            ModelState::Cold
+        } else {
+            ModelState::Warm
+        }
+    }
+
+    /// Parameters a snapshot uses for one target of one class (`rt` None) or replica.
+    #[allow(clippy::too_many_arguments)]
+    pub fn target_params<const D: usize>(
+        &self,
+        target: u8,
+        model: &ClassModel<D>,
+        class_q: &ScoreQuantiles,
+        class_err: &ErrTrack,
+        global_q: &ScoreQuantiles,
+        rt: Option<&TargetTrack>,
+        now_s: f64,
+    ) -> (TargetParams<D>, BoundSource) {
+        let cs = self.class_state(model, class_err, now_s);
+        let (q, src) = self.backoff(rt.map(|r| &r.q), class_q, global_q);
+        let (mult, abs_err, state) = match rt {
+            Some(r) => {
+                let mult = if self.correction_applies(target, r) {
+                    r.merged_correction(self.solve.tau_s).exp()
+                } else {
+                    1.0
+                };
+                let abs = if r.err.n >= GUARD_MIN_LABELS {
+                    r.err.abs_ms
+                } else {
+                    0.0
+                };
+                (mult, abs, self.replica_state(cs, r, now_s))
+            }
+            None => {
+                let abs = if class_err.n >= GUARD_MIN_LABELS {
+                    class_err.abs_ms
+                } else {
+                    0.0
+                };
+                (1.0, abs, cs)
+            }
+        };
+        let mut hi = q.hi;
+        if !model.solved {
+            // Physics prior only: never tighter than the cold bound.
+            hi = hi.max(self.cold_hi);
+        }
+        let qq = ScoreQuantiles { hi, ..q };
+        (
+            TargetParams {
+                theta: model.theta,
+                mult,
+                upper_mult: hi.exp(),
+                median_mult: q.mid.exp(),
+                log_sigma: qq.sigma(self.z_hi),
+                abs_err_ms: abs_err,
+                state,
+            },
+            src,
+        )
+    }
+}
+
+/// All learned state (what `save_state` persists).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LearnerState {
+    pub classes: FastMap<u64, ClassTrack>,
+    pub replicas: FastMap<u64, ReplicaTrack>,
+    pub peers: BTreeMap<String, PeerSlot>,
+    pub node_id: Option<String>,
+}
+
+/// Single-threaded owner of the predictor's statistics.
+pub struct Learner {
+    pub(crate) cfg: PredictorConfig,
+    pub(crate) fp: FeatureParams,
+    pub(crate) k: Knobs,
+    pub(crate) st: LearnerState,
+    pub(crate) global_ttft_q: ScoreQuantiles,
+    pub(crate) global_tpot_q: ScoreQuantiles,
+    pub(crate) counters: Arc<Counters>,
+}
+
+fn valid_label(v: Option<f64>) -> Option<Option<f64>> {
+    match v {
+        None => Some(None),
+        Some(y) if y.is_finite() && y > 0.0 => Some(Some(y)),
+        Some(_) => None,
+    }
+}
+
+impl Learner {
+    /// A learner with the given configuration; invalid fields fall back to their defaults
+    /// (use [`PredictorConfig::validate`] to surface them).
+    pub fn new(cfg: PredictorConfig) -> Self {
+        let cfg = cfg.sanitized();
+        let k = Knobs::new(&cfg);
+        let cold = ScoreQuantiles::new(k.cold_hi, 0.0);
+        Self {
+            fp: cfg.feature_params(),
+            k,
+            cfg,
+            st: LearnerState::default(),
+            global_ttft_q: cold,
+            global_tpot_q: cold,
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    pub fn config(&self) -> &PredictorConfig {
+        &self.cfg
+    }
+
+    /// This node's id; slots carrying it are refused by [`Self::merge_peer_slot`].
+    pub fn set_node_id(&mut self, node_id: &str) {
+        self.st.node_id = Some(node_id.to_string());
+    }
+
+    pub fn counters(&self) -> CounterValues {
+        self.counters.values()
+    }
+
+    /// The prior (θ₀ for TTFT, θ₀ for TPOT, κ) a class starts from under `cfg`.
+    pub(crate) fn class_prior(
+        cfg: &PredictorConfig,
+        class: u64,
+    ) -> ([f64; TTFT_DIM], [f64; TPOT_DIM], f64) {
+        match cfg.priors.iter().find(|p| p.class == class) {
+            Some(p) if p.ttft_theta.len() == TTFT_DIM && p.tpot_theta.len() == TPOT_DIM => {
+                let mut a = [0.0; TTFT_DIM];
+                a.copy_from_slice(&p.ttft_theta);
+                let mut b = [0.0; TPOT_DIM];
+                b.copy_from_slice(&p.tpot_theta);
+                (a, b, p.kappa)
+            }
+            _ => (
+                GENERIC_TTFT_THETA,
+                GENERIC_TPOT_THETA,
+                cfg.generic_prior_kappa,
+            ),
+        }
+    }
+
+    fn new_class(
+        cfg: &PredictorConfig,
+        k: &Knobs,
+        class: u64,
+        gt: &ScoreQuantiles,
+        gp: &ScoreQuantiles,
+    ) -> ClassTrack {
+        let (tt, tp, kappa) = Self::class_prior(cfg, class);
+        let cold = ScoreQuantiles::new(k.cold_hi, 0.0);
+        let init = |g: &ScoreQuantiles| {
+            let q = if g.n >= k.backoff_min { *g } else { cold };
+            ScoreQuantiles { n: 0, ..q }
+        };
+        ClassTrack {
+            ttft: ClassModel::new(tt, kappa),
+            tpot: ClassModel::new(tp, kappa),
+            ttft_q: init(gt),
+            tpot_q: init(gp),
+            ttft_err: ErrTrack::default(),
+            tpot_err: ErrTrack::default(),
+        }
+    }
+
+    fn new_replica(
+        k: &Knobs,
+        class: u64,
+        ct: &ClassTrack,
+        gt: &ScoreQuantiles,
+        gp: &ScoreQuantiles,
+    ) -> ReplicaTrack {
+        ReplicaTrack {
+            class,
+            ttft: TargetTrack::new(k.backoff(None, &ct.ttft_q, gt).0),
+            tpot: TargetTrack::new(k.backoff(None, &ct.tpot_q, gp).0),
+        }
+    }
+
+    /// Make sure the class and replica exist (a replica that moved class starts afresh).
+    fn ensure(&mut self, key: ReplicaKey) {
+        let (gt, gp) = (self.global_ttft_q, self.global_tpot_q);
+        let (cfg, k) = (&self.cfg, &self.k);
+        let ct = self
+            .st
+            .classes
+            .entry(key.class)
+            .or_insert_with(|| Self::new_class(cfg, k, key.class, &gt, &gp));
+        let fresh = match self.st.replicas.get(&key.replica) {
+            Some(r) => r.class != key.class,
+            None => true,
+        };
+        if fresh {
+            self.st
+                .replicas
+                .insert(key.replica, Self::new_replica(k, key.class, ct, &gt, &gp));
+        }
+    }
+
+    /// Learn from one labelled sample. Invalid labels are counted and skipped.
+    pub fn observe(&mut self, s: &Sample) {
+        let (ttft, tpot) = match (valid_label(s.ttft_ms), valid_label(s.tpot_ms)) {
+            (Some(a), Some(b)) if s.at_s.is_finite() => (a, b),
+            _ => {
+                Counters::bump(&self.counters.rejected_labels);
+                return;
+            }
+        };
+        let tpot = match tpot {
+            Some(_) if s.output_tokens < 2 => {
+                Counters::bump(&self.counters.rejected_labels);
+                None
+            }
+            t => t,
+        };
+        if ttft.is_none() && tpot.is_none() {
+            return;
+        }
+        let (obs, bad) = s.obs.sanitized();
+        if bad {
+            Counters::bump(&self.counters.sanitized_samples);
+        }
+        self.ensure(s.key);
+        let k = self.k;
+        let Some(ct) = self.st.classes.get_mut(&s.key.class) else {
+            return;
+        };
+        let Some(rt) = self.st.replicas.get_mut(&s.key.replica) else {
+            return;
+        };
+        if let Some(y) = ttft {
+            let x = ttft_features(&obs, &self.fp);
+            let issued = s.predicted.map(|p| (p.ttft_ms, p.ttft_upper_ms));
+            learn_target(
+                &k,
+                TARGET_TTFT,
+                Parts {
+                    model: &mut ct.ttft,
+                    class_q: &mut ct.ttft_q,
+                    class_err: &mut ct.ttft_err,
+                    global_q: &mut self.global_ttft_q,
+                    rt: &mut rt.ttft,
+                },
+                &x,
+                y,
+                s.at_s,
+                s.censored,
+                issued,
+            );
+        }
+        if let Some(y) = tpot {
+            let x = tpot_features(&obs, &self.fp);
+            let issued = s.predicted.map(|p| (p.tpot_ms, p.tpot_upper_ms));
+            learn_target(
+                &k,
+                TARGET_TPOT,
+                Parts {
+                    model: &mut ct.tpot,
+                    class_q: &mut ct.tpot_q,
+                    class_err: &mut ct.tpot_err,
+                    global_q: &mut self.global_tpot_q,
+                    rt: &mut rt.tpot,
+                },
+                &x,
+                y,
+                s.at_s,
+                s.censored,
+                issued,
+            );
+        }
+    }
+
+    /// Re-solve every class with unsolved labels and drop peer slots older than
+    /// `peer_max_age_s`. Call periodically (e.g. before publishing a snapshot).
+    pub fn tick(&mut self, now_s: f64) {
+        if now_s.is_finite() {
+            let max_age = self.cfg.peer_max_age_s;
+            let before = self.st.peers.len();
+            self.st
+                .peers
+                .retain(|_, p| now_s - p.exported_at_s <= max_age);
+            if self.st.peers.len() != before {
+                self.rebuild_peer_aggregates();
+            }
+        }
+        let sp = self.k.solve;
+        for ct in self.st.classes.values_mut() {
+            if ct.ttft.since_solve > 0 {
+                ct.ttft.solve(&sp);
+            }
+            if ct.tpot.since_solve > 0 {
+                ct.tpot.solve(&sp);
+            }
+        }
+    }
+
+    /// An immutable snapshot of everything predict() needs, as of `now_s`.
+    pub fn snapshot(&self, now_s: f64) -> Snapshot {
+        Snapshot::build(self, now_s)
+    }
+
+    /// The pooled (own + peers) statistics of one class and target, as a plain block.
+    pub fn merged_stats(&self, class: u64, target: u8) -> Option<StatsBlock> {
+        let ct = self.st.classes.get(&class)?;
+        let tau = self.k.solve.tau_s;
+        match target {
+            TARGET_TTFT => Some(StatsBlock::from_stats(class, target, &ct.ttft.merged(tau))),
+            TARGET_TPOT => Some(StatsBlock::from_stats(class, target, &ct.tpot.merged(tau))),
+            _ => None,
+        }
+    }
+
+    /// Current coefficients of a class model (θ, in the units of the feature names).
+    pub fn coefficients(&self, class: u64, target: u8) -> Option<Vec<f64>> {
+        let ct = self.st.classes.get(&class)?;
+        match target {
+            TARGET_TTFT => Some(ct.ttft.theta.to_vec()),
+            TARGET_TPOT => Some(ct.tpot.theta.to_vec()),
+            _ => None,
+        }
+    }
+
+    /// This node's own contribution, for gossip. Only own statistics are exported, never
+    /// merged ones, so receivers can sum slots without double counting.
+    pub fn export_slot(&self, node_id: &str, now_s: f64) -> FederationSlot {
+        let mut classes: Vec<_> = self.st.classes.iter().collect();
+        classes.sort_unstable_by_key(|(id, _)| **id);
+        let mut blocks = Vec::new();
+        for (id, ct) in classes {
+            if !ct.ttft.own.is_empty() {
+                blocks.push(StatsBlock::from_stats(*id, TARGET_TTFT, &ct.ttft.own));
+            }
+            if !ct.tpot.own.is_empty() {
+                blocks.push(StatsBlock::from_stats(*id, TARGET_TPOT, &ct.tpot.own));
+            }
+        }
+        let mut replicas: Vec<_> = self.st.replicas.iter().collect();
+        replicas.sort_unstable_by_key(|(id, _)| **id);
+        let mut corrections = Vec::new();
+        for (id, rt) in replicas {
+            for (target, t) in [(TARGET_TTFT, &rt.ttft), (TARGET_TPOT, &rt.tpot)] {
+                if t.labels > 0 {
+                    corrections.push(CorrectionEntry {
+                        replica: *id,
+                        class: rt.class,
+                        target,
+                        c: t.corr,
+                        weight: t.corr_w,
+                        landmark_s: t.corr_landmark,
+                        labels: t.labels,
+                        last_label_s: t.last_label_s,
+                    });
+                }
+            }
+        }
+        FederationSlot {
+            node_id: node_id.to_string(),
+            exported_at_s: if now_s.is_finite() { now_s } else { 0.0 },
+            blocks,
+            corrections,
+        }
+    }
+
+    /// Merge (or replace) a peer's slot. Idempotent: merging the same slot twice changes
+    /// nothing; an older slot from the same node is ignored.
+    pub fn merge_peer_slot(
+        &mut self,
+        slot: FederationSlot,
+    ) -> Result<MergeOutcome, FederationError> {
+        if self.st.node_id.as_deref() == Some(slot.node_id.as_str()) {
+            Counters::bump(&self.counters.rejected_slots);
+            return Err(FederationError::OwnSlot(slot.node_id));
+        }
+        let peer = match PeerSlot::from_slot(&slot) {
+            Ok(p) => p,
+            Err(e) => {
+                Counters::bump(&self.counters.rejected_slots);
+                return Err(e);
+            }
+        };
+        let outcome = match self.st.peers.get(&slot.node_id) {
+            Some(old) if old.exported_at_s > peer.exported_at_s => {
+                return Ok(MergeOutcome::Outdated);
+            }
+            Some(_) => MergeOutcome::Replaced,
+            None => MergeOutcome::Added,
+        };
+        self.st.peers.insert(slot.node_id, peer);
+        self.rebuild_peer_aggregates();
+        Ok(outcome)
+    }
+
+    /// Drop a peer's slot (it left the mesh). Returns whether one was held.
+    pub fn forget_peer(&mut self, node_id: &str) -> bool {
+        let had = self.st.peers.remove(node_id).is_some();
+        if had {
+            self.rebuild_peer_aggregates();
+        }
+        had
+    }
+
+    /// Node ids of the peer slots currently held.
+    pub fn peers(&self) -> Vec<String> {
+        self.st.peers.keys().cloned().collect()
+    }
+
+    /// Recompute every class's and replica's peer sums from the held slots, then re-solve.
+    pub(crate) fn rebuild_peer_aggregates(&mut self) {
+        let tau = self.k.solve.tau_s;
+        let (gt, gp) = (self.global_ttft_q, self.global_tpot_q);
+        let (cfg, k) = (&self.cfg, &self.k);
+        let st = &mut self.st;
+        for ct in st.classes.values_mut() {
+            ct.ttft.peers = Default::default();
+            ct.tpot.peers = Default::default();
+        }
+        for rt in st.replicas.values_mut() {
+            for t in [&mut rt.ttft, &mut rt.tpot] {
+                t.peer_wc = 0.0;
+                t.peer_w = 0.0;
+                t.peer_landmark = f64::NEG_INFINITY;
+                t.peer_labels = 0;
+                t.peer_last_label_s = f64::NEG_INFINITY;
+            }
+        }
+        for slot in st.peers.values() {
+            for (g, s) in &slot.ttft {
+                let ct = st
+                    .classes
+                    .entry(*g)
+                    .or_insert_with(|| Self::new_class(cfg, k, *g, &gt, &gp));
+                ct.ttft.peers.merge_from(s, tau);
+            }
+            for (g, s) in &slot.tpot {
+                let ct = st
+                    .classes
+                    .entry(*g)
+                    .or_insert_with(|| Self::new_class(cfg, k, *g, &gt, &gp));
+                ct.tpot.peers.merge_from(s, tau);
+            }
+            for c in &slot.corrections {
+                let ct = st
+                    .classes
+                    .entry(c.class)
+                    .or_insert_with(|| Self::new_class(cfg, k, c.class, &gt, &gp));
+                let rt = st
+                    .replicas
+                    .entry(c.replica)
+                    .or_insert_with(|| Self::new_replica(k, c.class, ct, &gt, &gp));
+                if rt.class != c.class {
+                    continue;
+                }
+                let t = if c.target == TARGET_TTFT {
+                    &mut rt.ttft
+                } else {
+                    &mut rt.tpot
+                };
+                let lm = t.peer_landmark.max(c.landmark_s);
+                if t.peer_landmark.is_finite() && lm > t.peer_landmark {
+                    let f = (-(lm - t.peer_landmark) / tau).exp();
+                    t.peer_wc *= f;
+                    t.peer_w *= f;
+                }
+                let f = (-(lm - c.landmark_s) / tau).exp();
+                t.peer_landmark = lm;
+                t.peer_wc += c.weight * f * c.c;
+                t.peer_w += c.weight * f;
+                t.peer_labels += c.labels;
+                t.peer_last_label_s = t.peer_last_label_s.max(c.last_label_s);
+            }
+        }
+        let sp = k.solve;
+        for ct in st.classes.values_mut() {
+            ct.ttft.solve(&sp);
+            ct.tpot.solve(&sp);
+        }
+    }
+}
+
+/// Mutable pieces one target's update touches.
+struct Parts<'a, const D: usize> {
+    model: &'a mut ClassModel<D>,
+    class_q: &'a mut ScoreQuantiles,
+    class_err: &'a mut ErrTrack,
+    global_q: &'a mut ScoreQuantiles,
+    rt: &'a mut TargetTrack,
+}
+
+/// One label for one target: calibration, coverage, errors, drift, correction, regression.
+#[allow(clippy::too_many_arguments)]
+fn learn_target<const D: usize>(
+    k: &Knobs,
+    target: u8,
+    p: Parts<'_, D>,
+    x: &[f64; D],
+    y: f64,
+    at_s: f64,
+    censored: bool,
+    issued: Option<(f64, f64)>,
+) {
+    let Parts {
+        model,
+        class_q,
+        class_err,
+        global_q,
+        rt,
+    } = p;
+    let tau = k.solve.tau_s;
+    let mu_class = dot(&model.theta, x).max(k.floor_ms);
+    let c_merged = rt.merged_correction(tau);
+    let (mu, upper) = match issued {
+        Some((m, u)) if m.is_finite() && m > 0.0 && u.is_finite() => (m, u),
+        _ => {
+            let mu = if k.correction_applies(target, rt) {
+                mu_class * c_merged.exp()
+            } else {
+                mu_class
+            };
+            let (q, _) = k.backoff(Some(&rt.q), class_q, global_q);
+            (mu, mu * q.hi.exp())
+        }
+    };
+    let s = (y / mu).ln();
+    if censored {
+        rt.q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
+        class_q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
+        global_q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
+        if y > upper {
+            rt.record_coverage(false, k.ewma_rate);
+        }
+        return;
+    }
+    rt.q.update(s, k.alpha, k.eta_hi, k.eta_mid);
+    class_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
+    global_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
+    rt.record_coverage(y <= upper, k.ewma_rate);
+    rt.err.update((y - mu).abs(), s.abs(), k.ewma_rate);
+    class_err.update((y - mu).abs(), s.abs(), k.ewma_rate);
+
+    // Drift: residual against the corrected class model, whether or not it is applied.
+    let r_class = (y / mu_class).ln();
+    let armed = at_s >= rt.boost_until_s;
+    if rt
+        .ph
+        .update(r_class - c_merged, rt.q.sigma(k.z_hi), armed, &k.drift)
+    {
+        rt.boost_until_s = at_s + k.drift.boost_s;
+        rt.alarms += 1;
+        rt.latched = true;
+    }
+    let boosted = at_s < rt.boost_until_s;
+    let eta = if boosted {
+        k.eta_c * k.drift.boost
+    } else {
+        k.eta_c
+    };
+    rt.step_correction(r_class, eta, at_s, tau, k.solve.interval_s);
+    if rt.latched && !boosted && rt.merged_correction(tau).abs() < LATCH_RELEASE {
+        rt.latched = false;
+    }
+    rt.labels += 1;
+    rt.last_label_s = rt.last_label_s.max(at_s);
+
+    let w = 1.0 / (y.max(k.floor_ms) * y.max(k.floor_ms));
+    model.add(x, y, w, at_s, &k.solve);
+}
+
+impl Learner {
+    /// Coverage EWMA of a replica's TTFT and TPOT bounds (None for an unknown replica).
+    pub fn coverage(&self, replica: u64) -> Option<(f64, f64)> {
+        let rt = self.st.replicas.get(&replica)?;
+        Some((rt.ttft.coverage, rt.tpot.coverage))
+    }
+}

@@ -1,0 +1,212 @@
+//! What a prediction carries, and the per-target parameters a snapshot evaluates.
+//!
+//! Invariant: every field of a [`Prediction`] is finite; `*_upper_ms ≥ *_ms > 0`.
+
+use serde::Serialize;
+
+use crate::features::dot;
+use crate::normal::normal_sf;
+
+/// How far a prediction can be trusted.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+#[rkyv(derive(Debug, PartialEq))]
+pub enum ModelState {
+    /// Not enough labels (or too large a recent error): the prediction comes from a physics
+    /// prior with a wide bound; prefer load-aware routing.
+    #[default]
+    Cold,
+    /// Learned and recently confirmed.
+    Warm,
+    /// Learned once, but no label for a while, or the bound's coverage collapsed.
+    Stale,
+}
+
+impl ModelState {
+    /// The less trustworthy of two states (Stale worst, then Cold, then Warm).
+    pub fn worst(self, other: ModelState) -> ModelState {
+        fn rank(s: ModelState) -> u8 {
+            match s {
+                ModelState::Warm => 0,
+                ModelState::Cold => 1,
+                ModelState::Stale => 2,
+            }
+        }
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// TTFT and TPOT forecasts for one (request, replica) placement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Prediction {
+    /// Point forecast of TTFT (ms), ≈ the median.
+    pub ttft_ms: f64,
+    /// Calibrated upper bound at the configured quantile (ms).
+    pub ttft_upper_ms: f64,
+    /// Point forecast of TPOT (ms per output token).
+    pub tpot_ms: f64,
+    /// Calibrated upper bound of TPOT (ms).
+    pub tpot_upper_ms: f64,
+    /// Worse of `ttft_state` and `tpot_state`.
+    pub state: ModelState,
+    pub ttft_state: ModelState,
+    pub tpot_state: ModelState,
+    /// Recent mean absolute TTFT error on this replica (ms; 0 if unknown).
+    pub ttft_recent_abs_err_ms: f64,
+    /// Recent mean absolute TPOT error on this replica (ms; 0 if unknown).
+    pub tpot_recent_abs_err_ms: f64,
+    /// Median of the TTFT distribution implied by the tracked quantiles (ms).
+    pub ttft_median_ms: f64,
+    /// Log-spread σ of that distribution.
+    pub ttft_log_sigma: f64,
+    pub tpot_median_ms: f64,
+    pub tpot_log_sigma: f64,
+    /// True when the recent-error guard widened the TTFT bound.
+    pub ttft_guarded: bool,
+    /// True when the recent-error guard widened the TPOT bound.
+    pub tpot_guarded: bool,
+}
+
+impl Prediction {
+    /// P(TTFT > slo_ttft_ms) and P(TPOT > slo_tpot_ms).
+    ///
+    /// Lognormal through the tracked median and upper quantile: it agrees with the
+    /// calibrated bound exactly (P(y > upper) = α) and with the median (P = ½), and
+    /// interpolates between and beyond them. A non-positive or NaN SLO yields 1.
+    pub fn violation_probability(&self, slo_ttft_ms: f64, slo_tpot_ms: f64) -> (f64, f64) {
+        (
+            tail(self.ttft_median_ms, self.ttft_log_sigma, slo_ttft_ms),
+            tail(self.tpot_median_ms, self.tpot_log_sigma, slo_tpot_ms),
+        )
+    }
+}
+
+#[inline]
+fn tail(median: f64, sigma: f64, slo: f64) -> f64 {
+    if slo.is_nan() || slo <= 0.0 {
+        return 1.0;
+    }
+    if slo.is_infinite() {
+        return 0.0;
+    }
+    normal_sf((slo.ln() - median.ln()) / sigma)
+}
+
+/// Everything needed to evaluate one target for one replica: coefficients and cached
+/// exponentials, so predict() is a dot product and a few multiplications.
+#[derive(Clone, Copy, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct TargetParams<const D: usize> {
+    pub theta: [f64; D],
+    /// exp(per-replica correction) (1 if none applies).
+    pub mult: f64,
+    /// exp(tracked upper log quantile).
+    pub upper_mult: f64,
+    /// exp(tracked median log quantile).
+    pub median_mult: f64,
+    pub log_sigma: f64,
+    /// Recent mean absolute error (ms), 0 if unknown; feeds the guard.
+    pub abs_err_ms: f64,
+    pub state: ModelState,
+}
+
+/// One evaluated target.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Evaluated {
+    pub mu: f64,
+    pub upper: f64,
+    pub median: f64,
+    pub sigma: f64,
+    pub guarded: bool,
+}
+
+impl<const D: usize> TargetParams<D> {
+    /// μ = max(θ·x, floor)·e^c, U = μ·e^q, widened by the guard when the recent absolute
+    /// error exceeds the headroom U − μ.
+    #[inline(always)]
+    pub(crate) fn eval(
+        &self,
+        x: &[f64; D],
+        floor_ms: f64,
+        guard_factor: f64,
+        z_hi: f64,
+    ) -> Evaluated {
+        let mu = dot(&self.theta, x).max(floor_ms) * self.mult;
+        let mut upper = mu * self.upper_mult.max(1.0);
+        let median = mu * self.median_mult;
+        let mut sigma = self.log_sigma;
+        let guarded = self.abs_err_ms > upper - mu;
+        if guarded {
+            upper = upper.max(mu + guard_factor * self.abs_err_ms);
+            sigma = sigma.max((upper / median).ln() / z_hi);
+        }
+        Evaluated {
+            mu,
+            upper,
+            median,
+            sigma,
+            guarded,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn violation_probability_is_alpha_at_the_bound_and_half_at_the_median() {
+        let p = Prediction {
+            ttft_median_ms: 100.0,
+            ttft_log_sigma: 0.5,
+            tpot_median_ms: 20.0,
+            tpot_log_sigma: 0.3,
+            ..Default::default()
+        };
+        let upper = 100.0 * (0.5 * crate::normal::normal_quantile(0.9)).exp();
+        let (a, b) = p.violation_probability(upper, 20.0);
+        assert!((a - 0.1).abs() < 1e-6, "{a}");
+        assert!((b - 0.5).abs() < 1e-6, "{b}");
+        let (lo, hi) = (
+            p.violation_probability(50.0, 1.0),
+            p.violation_probability(400.0, 1e9),
+        );
+        assert!(lo.0 > a && hi.0 < a && lo.1 > 0.999 && hi.1 < 1e-6);
+        assert_eq!(p.violation_probability(f64::NAN, -1.0), (1.0, 1.0));
+    }
+
+    #[test]
+    fn guard_widens_only_when_recent_error_exceeds_headroom() {
+        let tp = TargetParams::<2> {
+            theta: [10.0, 1.0],
+            mult: 1.0,
+            upper_mult: 1.5,
+            median_mult: 1.0,
+            log_sigma: 0.3,
+            abs_err_ms: 30.0,
+            state: ModelState::Warm,
+        };
+        let z = crate::normal::normal_quantile(0.9);
+        let small = tp.eval(&[1.0, 10.0], 1.0, 2.0, z); // μ 20, headroom 10 < 30
+        assert!(small.guarded);
+        assert_eq!(small.upper, 80.0);
+        let big = tp.eval(&[1.0, 190.0], 1.0, 2.0, z); // μ 200, headroom 100 > 30
+        assert!(!big.guarded);
+        assert_eq!(big.upper, 300.0);
+    }
+}

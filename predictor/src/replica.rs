@@ -1,0 +1,158 @@
+//! Per-replica state: the multiplicative log-correction (an online median), calibration
+//! quantiles, coverage, recent errors and drift detection — for each target.
+//!
+//! Invariants: `corr` is this node's own median tracker; peers' corrections enter only
+//! through `peer_wc/peer_w` (their count-weighted sums, rebuilt on every slot change), so
+//! merging never feeds back into the own tracker. Calibration quantiles are local only.
+
+use crate::calibration::{Q_LIMIT, ScoreQuantiles, ewma};
+use crate::class_model::ErrTrack;
+use crate::decay_stats::landmark_for;
+use crate::drift::PageHinkley;
+
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct TargetTrack {
+    /// Own median of log(y/ŷ_class).
+    pub corr: f64,
+    /// Forward-decayed label weight behind `corr`, relative to `corr_landmark`.
+    pub corr_w: f64,
+    pub corr_landmark: f64,
+    pub q: ScoreQuantiles,
+    /// EWMA of 1{y ≤ issued upper bound}.
+    pub coverage: f64,
+    pub coverage_n: u64,
+    pub err: ErrTrack,
+    pub labels: u64,
+    pub last_label_s: f64,
+    pub ph: PageHinkley,
+    pub boost_until_s: f64,
+    pub alarms: u64,
+    /// TPOT in `OnDrift` mode: the correction applies from an alarm until it returns near 0.
+    pub latched: bool,
+    /// Σ w·c and Σ w over peers' corrections for this replica, relative to `peer_landmark`.
+    pub peer_wc: f64,
+    pub peer_w: f64,
+    pub peer_landmark: f64,
+    pub peer_labels: u64,
+    pub peer_last_label_s: f64,
+}
+
+impl TargetTrack {
+    pub fn new(q: ScoreQuantiles) -> Self {
+        Self {
+            corr: 0.0,
+            corr_w: 0.0,
+            corr_landmark: f64::NEG_INFINITY,
+            q: ScoreQuantiles { n: 0, ..q },
+            coverage: 0.0,
+            coverage_n: 0,
+            err: ErrTrack::default(),
+            labels: 0,
+            last_label_s: f64::NEG_INFINITY,
+            ph: PageHinkley::default(),
+            boost_until_s: f64::NEG_INFINITY,
+            alarms: 0,
+            latched: false,
+            peer_wc: 0.0,
+            peer_w: 0.0,
+            peer_landmark: f64::NEG_INFINITY,
+            peer_labels: 0,
+            peer_last_label_s: f64::NEG_INFINITY,
+        }
+    }
+
+    /// Count-weighted mean of the own and peers' corrections.
+    pub fn merged_correction(&self, tau_s: f64) -> f64 {
+        if self.peer_w <= 0.0 {
+            return self.corr;
+        }
+        if self.corr_w <= 0.0 {
+            return self.peer_wc / self.peer_w;
+        }
+        let lm = self.corr_landmark.max(self.peer_landmark);
+        let fo = (-(lm - self.corr_landmark) / tau_s).exp();
+        let fp = (-(lm - self.peer_landmark) / tau_s).exp();
+        let (wo, wp) = (self.corr_w * fo, self.peer_w * fp);
+        if wo + wp > 0.0 {
+            (wo * self.corr + self.peer_wc * fp) / (wo + wp)
+        } else {
+            self.corr
+        }
+    }
+
+    /// One sign step of the median tracker toward `r = log(y/ŷ_class)`, and its weight.
+    pub fn step_correction(&mut self, r: f64, eta: f64, at_s: f64, tau_s: f64, interval_s: f64) {
+        let d = r - self.corr;
+        let step = if d > 0.0 {
+            eta.min(d)
+        } else if d < 0.0 {
+            -eta.min(-d)
+        } else {
+            0.0
+        };
+        self.corr = (self.corr + step).clamp(-Q_LIMIT, Q_LIMIT);
+        let lm = landmark_for(at_s, interval_s);
+        if lm > self.corr_landmark {
+            if self.corr_landmark.is_finite() {
+                self.corr_w *= (-(lm - self.corr_landmark) / tau_s).exp();
+            }
+            self.corr_landmark = lm;
+        }
+        let g = ((at_s - self.corr_landmark) / tau_s).exp();
+        if g.is_finite() {
+            self.corr_w += g;
+        }
+    }
+
+    pub fn record_coverage(&mut self, covered: bool, rate: f64) {
+        let v = if covered { 1.0 } else { 0.0 };
+        self.coverage = ewma(self.coverage, v, rate, self.coverage_n);
+        self.coverage_n += 1;
+    }
+
+    pub fn all_labels(&self) -> (u64, f64) {
+        (
+            self.labels + self.peer_labels,
+            self.last_label_s.max(self.peer_last_label_s),
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct ReplicaTrack {
+    pub class: u64,
+    pub ttft: TargetTrack,
+    pub tpot: TargetTrack,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_steps_track_the_median_not_the_mean() {
+        let mut t = TargetTrack::new(ScoreQuantiles::new(0.5, 0.0));
+        // Right-skewed residuals: median 0.1, mean far higher.
+        let seq = [0.0, 0.1, 0.2, 0.05, 3.0];
+        for i in 0..5000 {
+            t.step_correction(seq[i % 5], 0.01, i as f64, 300.0, 600.0);
+        }
+        assert!((t.corr - 0.1).abs() < 0.03, "{}", t.corr);
+    }
+
+    #[test]
+    fn merged_correction_weights_by_count() {
+        let mut t = TargetTrack::new(ScoreQuantiles::new(0.5, 0.0));
+        for i in 0..100 {
+            t.step_correction(0.4, 0.05, i as f64, 1e9, 600.0);
+        }
+        t.peer_wc = 300.0 * 0.0;
+        t.peer_w = 300.0;
+        t.peer_landmark = 0.0;
+        let m = t.merged_correction(1e9);
+        assert!(
+            (m - 0.1).abs() < 1e-3,
+            "100 labels at 0.4 and 300 at 0 → 0.1, got {m}"
+        );
+    }
+}
