@@ -1,1 +1,26 @@
-//! The Headroom router node as a library.
+//! Headroom: an SLO-aware router mesh for LLM inference.
+//!
+//! Crate map: `server` (HTTP front) → `request`/`tokens`/`tenant` (what a request is)
+//! → `policy` (pure decision core over `fleet` candidates, `ledger` loads and the
+//! `prefix` index) → `proxy` (forwarding, retries, streaming, outcomes). Background
+//! work lives in `fleet::tasks`. `up` runs a whole local deployment.
+
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod fleet;
+pub mod ledger;
+pub mod metrics;
+pub mod node;
+pub mod policy;
+pub mod prefix;
+pub mod proxy;
+pub mod request;
+pub mod server;
+pub mod tenant;
+pub mod tokens;
+pub mod up;
+pub mod upstream;
+
+/// Response header naming the replica that served (or failed) a request.
+pub const REPLICA_HEADER: &str = "x-headroom-replica";

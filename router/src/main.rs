@@ -1,3 +1,173 @@
-fn main() -> anyhow::Result<()> {
+//! The `headroom` binary: `serve` a router node, bring a local deployment `up`.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use headroom::{
+    config::{ModelConfig, ReplicaConfig, RouterConfig},
+    node::Node,
+    policy::PolicyName,
+    up,
+};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "headroom", version, about = "SLO-aware router mesh for LLM inference")]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `headroom=debug`.
+    #[arg(long, global = true, default_value = "info", env = "HEADROOM_LOG")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a router node.
+    Serve(ServeArgs),
+    /// Start a local deployment on loopback: emulated replicas and a router.
+    Up(UpArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML config file; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Replica `URL[,name=..,class=..,region=..,max_batched_tokens=..]` (repeatable).
+    #[arg(long = "replica")]
+    replicas: Vec<String>,
+    /// Replicas from DNS: `host:port`, re-resolved periodically.
+    #[arg(long)]
+    replica_dns: Option<String>,
+    #[arg(long)]
+    policy: Option<PolicyName>,
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Tokenizer for a model: `MODEL=cl100k|o200k|estimate` (repeatable).
+    #[arg(long = "tokenizer")]
+    tokenizers: Vec<String>,
+    /// Seed for the node's random choices.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Args)]
+struct UpArgs {
+    #[arg(long, default_value = "llama-3-8b")]
+    model: String,
+    /// Router port.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// First replica port (replicas take consecutive ports).
+    #[arg(long, default_value_t = 8101)]
+    replica_base_port: u16,
+    /// Replica profiles, comma-separated (default: 2×h100, a100, l4).
+    #[arg(long, value_delimiter = ',')]
+    profiles: Vec<String>,
+    /// Emulated time multiplier (1.0 = real GPU speed; 0.1 = ten times faster).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    #[arg(long, default_value = "slo")]
+    policy: PolicyName,
+}
+
+fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
+    let mut cfg = match &a.config {
+        Some(p) => RouterConfig::from_file(p)?,
+        None => RouterConfig::default(),
+    };
+    if let Some(l) = a.listen {
+        cfg.listen = l;
+    }
+    for r in &a.replicas {
+        cfg.replicas.push(ReplicaConfig::parse_flag(r).map_err(anyhow::Error::msg)?);
+    }
+    if let Some(name) = a.replica_dns {
+        cfg.discovery = Some(headroom::config::DnsDiscovery { name, interval_ms: 5_000, class: None });
+    }
+    if let Some(p) = a.policy {
+        cfg.policy = p;
+    }
+    if a.node_id.is_some() {
+        cfg.node_id = a.node_id;
+    }
+    if let Some(s) = a.seed {
+        cfg.seed = s;
+    }
+    for t in a.tokenizers {
+        let (model, tok) = t.split_once('=').context("--tokenizer wants MODEL=NAME")?;
+        cfg.models.push(ModelConfig { name: model.into(), tokenizer: Some(tok.into()) });
+    }
+    if cfg.replicas.is_empty() && cfg.discovery.is_none() {
+        anyhow::bail!("no replicas: give --replica URL (repeatable), --replica-dns, or a --config file");
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+async fn serve(cfg: RouterConfig) -> anyhow::Result<()> {
+    let cancel = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let node = Node::start(cfg, cancel.child_token())?;
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("cannot watch SIGTERM: {e}");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+            _ = stop.cancelled() => return,
+        }
+        tracing::info!("shutting down");
+        stop.cancel();
+    });
+    headroom::server::serve(node.clone(), listener, cancel.clone()).await?;
+    node.fleet.shutdown().await;
     Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.cmd {
+        Cmd::Serve(a) => serve(serve_config(a)?).await,
+        Cmd::Up(a) => {
+            let fleet = if a.profiles.is_empty() {
+                up::default_fleet()
+            } else {
+                a.profiles
+                    .iter()
+                    .map(|p| up::LocalReplica {
+                        profile: p.clone(),
+                        max_batched_tokens: if p.starts_with("h100") { 8192 } else { 2048 },
+                    })
+                    .collect()
+            };
+            up::run(up::UpOptions {
+                model: a.model,
+                fleet,
+                router_port: a.port,
+                replica_base_port: a.replica_base_port,
+                time_scale: a.time_scale,
+                policy: a.policy.to_string(),
+                serve_args: Vec::new(),
+            })
+            .await
+        }
+    }
 }

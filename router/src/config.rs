@@ -1,0 +1,420 @@
+//! Router configuration: one source of defaults.
+//!
+//! Every knob has its default in the `Default` impl right next to its field, and the
+//! TOML file, the CLI and `headroom up` all start from `RouterConfig::default()`.
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::PolicyName;
+
+/// Everything a router node needs to run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// This node's name in the mesh and in `/debug/cluster`.
+    pub node_id: Option<String>,
+    /// HTTP listen address.
+    pub listen: SocketAddr,
+    /// Routing policy (`slo` by default).
+    pub policy: PolicyName,
+    /// Static replicas.
+    pub replicas: Vec<ReplicaConfig>,
+    /// Optional DNS discovery: every address the name resolves to is a replica.
+    pub discovery: Option<DnsDiscovery>,
+    pub scrape: ScrapeConfig,
+    pub health: HealthConfig,
+    pub proxy: ProxyConfig,
+    pub prefix: PrefixConfig,
+    /// Per-model settings (tokenizer); unknown models use the estimator.
+    pub models: Vec<ModelConfig>,
+    /// Tenants and their SLO classes; the first tenant named `default` (or a built-in
+    /// one) serves requests without a known API key.
+    pub tenants: Vec<TenantConfig>,
+    /// Seed for the node's random choices (ties, sampling); 0 = from entropy.
+    pub seed: u64,
+    /// Attach the prediction and decision to response headers (`x-headroom-*`).
+    pub prediction_headers: bool,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            node_id: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            policy: PolicyName::Slo,
+            replicas: Vec::new(),
+            discovery: None,
+            scrape: ScrapeConfig::default(),
+            health: HealthConfig::default(),
+            proxy: ProxyConfig::default(),
+            prefix: PrefixConfig::default(),
+            models: Vec::new(),
+            tenants: Vec::new(),
+            seed: 0,
+            prediction_headers: true,
+        }
+    }
+}
+
+/// One replica given statically.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8001`.
+    pub url: String,
+    /// Display name; defaults to the URL's authority.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Hardware/model class (replicas of one class share a latency model).
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Region the replica lives in.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// The engine's `max_num_batched_tokens`, if known (vLLM does not export it).
+    #[serde(default)]
+    pub max_batched_tokens: Option<u32>,
+}
+
+impl ReplicaConfig {
+    /// Parses the `--replica` flag form: `URL[,key=value...]`, keys `name`, `class`,
+    /// `region`, `max_batched_tokens`.
+    pub fn parse_flag(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let url = parts.next().unwrap_or_default().trim().to_string();
+        if url.is_empty() {
+            return Err("empty replica URL".into());
+        }
+        let mut rc = ReplicaConfig {
+            url,
+            name: None,
+            class: None,
+            region: None,
+            max_batched_tokens: None,
+        };
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("replica option `{kv}` is not key=value"))?;
+            let v = v.trim().to_string();
+            match k.trim() {
+                "name" => rc.name = Some(v),
+                "class" => rc.class = Some(v),
+                "region" => rc.region = Some(v),
+                "max_batched_tokens" => {
+                    rc.max_batched_tokens = Some(
+                        v.parse()
+                            .map_err(|_| format!("max_batched_tokens `{v}` is not a number"))?,
+                    )
+                }
+                other => return Err(format!("unknown replica option `{other}`")),
+            }
+        }
+        Ok(rc)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsDiscovery {
+    /// `host:port`; each resolved address becomes `http://addr`.
+    pub name: String,
+    #[serde(default = "default_dns_interval_ms")]
+    pub interval_ms: u64,
+    #[serde(default)]
+    pub class: Option<String>,
+}
+
+fn default_dns_interval_ms() -> u64 {
+    5_000
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrapeConfig {
+    /// How often each replica's `/metrics` is read.
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Scraped values older than this are treated as unknown by the policies.
+    pub stale_after_ms: u64,
+    /// How often `/v1/models` is re-read.
+    pub models_interval_ms: u64,
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 100,
+            timeout_ms: 500,
+            stale_after_ms: 2_000,
+            models_interval_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Active probe (`GET /health`) period.
+    pub probe_interval_ms: u64,
+    pub probe_timeout_ms: u64,
+    /// Consecutive failures (probes, connect errors, 5xx) before ejection.
+    pub eject_after_failures: u32,
+    /// First ejection lasts this long; each repeat doubles it up to the max.
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            probe_interval_ms: 500,
+            probe_timeout_ms: 1_000,
+            eject_after_failures: 3,
+            backoff_initial_ms: 1_000,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Extra attempts on other replicas before the first byte reaches the client.
+    pub retries: u32,
+    /// Connect timeout to a replica.
+    pub connect_timeout_ms: u64,
+    /// How long to wait for the first response byte before trying elsewhere.
+    pub first_byte_timeout_ms: u64,
+    /// Gap between two body chunks after which a stream is declared dead.
+    pub idle_timeout_ms: u64,
+    /// Base of the jittered pause between retries.
+    pub retry_backoff_ms: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 << 20,
+            retries: 2,
+            connect_timeout_ms: 1_000,
+            first_byte_timeout_ms: 60_000,
+            idle_timeout_ms: 60_000,
+            retry_backoff_ms: 10,
+        }
+    }
+}
+
+impl ProxyConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefixConfig {
+    /// Tokens per prefix block in the router's approximate index.
+    pub block_tokens: u32,
+    /// Upper bound on remembered (block, replica) entries across the fleet.
+    pub max_entries: usize,
+    /// Blocks hashed per request at most (longer prompts match on their head).
+    pub max_blocks_per_request: usize,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        Self {
+            block_tokens: 16,
+            max_entries: 1 << 21,
+            max_blocks_per_request: 8_192,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    /// `cl100k`, `o200k` or `estimate`.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+}
+
+/// How a request that fits nowhere is handled.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fallback {
+    /// Send it where the expected violation is smallest.
+    #[default]
+    LeastBad,
+    /// Wait (bounded) for capacity within the TTFT deadline, then least-bad or reject.
+    Defer,
+    /// Fast 429 that says why.
+    Reject,
+}
+
+/// A tenant: who may ask for what.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// Bearer tokens that identify this tenant.
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// Default objectives.
+    #[serde(default = "default_ttft_ms")]
+    pub slo_ttft_ms: f64,
+    #[serde(default = "default_tpot_ms")]
+    pub slo_tpot_ms: f64,
+    /// Tightest objectives this tenant may request through headers.
+    #[serde(default = "default_min_ttft_ms")]
+    pub min_ttft_ms: f64,
+    #[serde(default = "default_min_tpot_ms")]
+    pub min_tpot_ms: f64,
+    /// Higher is more important (defer queue order).
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub fallback: Fallback,
+}
+
+fn default_ttft_ms() -> f64 {
+    2_000.0
+}
+fn default_tpot_ms() -> f64 {
+    100.0
+}
+fn default_min_ttft_ms() -> f64 {
+    50.0
+}
+fn default_min_tpot_ms() -> f64 {
+    5.0
+}
+
+impl TenantConfig {
+    pub fn default_tenant() -> Self {
+        Self {
+            name: "default".into(),
+            api_keys: Vec::new(),
+            slo_ttft_ms: default_ttft_ms(),
+            slo_tpot_ms: default_tpot_ms(),
+            min_ttft_ms: default_min_ttft_ms(),
+            min_tpot_ms: default_min_tpot_ms(),
+            priority: 0,
+            fallback: Fallback::LeastBad,
+        }
+    }
+}
+
+/// Errors loading or validating configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {source}")]
+    Parse {
+        path: String,
+        source: toml::de::Error,
+    },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl RouterConfig {
+    /// The configured node id, or one derived from the listen address.
+    pub fn node_id(&self) -> String {
+        self.node_id
+            .clone()
+            .unwrap_or_else(|| format!("node-{}", self.listen.port()))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let cfg: RouterConfig = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.display().to_string(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks cross-field rules; called by every constructor path.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for r in &self.replicas {
+            crate::fleet::parse_base_url(&r.url)
+                .map_err(|e| ConfigError::Invalid(format!("replica `{}`: {e}", r.url)))?;
+        }
+        if self.scrape.interval_ms == 0 || self.health.probe_interval_ms == 0 {
+            return Err(ConfigError::Invalid("intervals must be > 0".into()));
+        }
+        if self.prefix.block_tokens == 0 {
+            return Err(ConfigError::Invalid("prefix.block_tokens must be > 0".into()));
+        }
+        for t in &self.tenants {
+            let ok = |x: f64| x.is_finite() && x > 0.0;
+            if !(ok(t.slo_ttft_ms) && ok(t.slo_tpot_ms) && ok(t.min_ttft_ms) && ok(t.min_tpot_ms))
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant `{}`: objectives must be positive and finite",
+                    t.name
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_flag_parses_options() {
+        let r = ReplicaConfig::parse_flag("http://127.0.0.1:9,class=h100,max_batched_tokens=8192")
+            .unwrap();
+        assert_eq!(r.url, "http://127.0.0.1:9");
+        assert_eq!(r.class.as_deref(), Some("h100"));
+        assert_eq!(r.max_batched_tokens, Some(8192));
+        assert!(ReplicaConfig::parse_flag("http://x,bogus=1").is_err());
+        assert!(ReplicaConfig::parse_flag("http://x,max_batched_tokens=lots").is_err());
+    }
+
+    #[test]
+    fn toml_round_trip_and_unknown_fields_rejected() {
+        let text = r#"
+            listen = "127.0.0.1:9000"
+            policy = "least-request"
+            [[replicas]]
+            url = "http://127.0.0.1:8001"
+            class = "a100"
+            [[tenants]]
+            name = "chat"
+            api_keys = ["k1"]
+            slo_ttft_ms = 500
+            fallback = "reject"
+        "#;
+        let cfg: RouterConfig = toml::from_str(text).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.policy, PolicyName::LeastRequest);
+        assert_eq!(cfg.tenants[0].fallback, Fallback::Reject);
+        assert_eq!(cfg.scrape.interval_ms, 100);
+        assert!(toml::from_str::<RouterConfig>("nonsense = 1").is_err());
+    }
+}

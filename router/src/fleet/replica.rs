@@ -1,0 +1,107 @@
+//! One replica: identity, served models, scraped state, health and this node's ledger.
+
+use std::sync::{Arc, atomic::AtomicU64};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{health::Health, scrape::Scraped};
+use crate::{
+    config::ReplicaConfig,
+    ledger::{Ledger, Load},
+};
+
+/// A model (or LoRA adapter) a replica serves.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ModelEntry {
+    pub id: String,
+    /// Base model of an adapter.
+    pub parent: Option<String>,
+    pub max_model_len: Option<u32>,
+}
+
+/// What `/v1/models` last said.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ServedModels {
+    pub models: Vec<ModelEntry>,
+    /// False until `/v1/models` answered once.
+    pub known: bool,
+}
+
+impl ServedModels {
+    pub fn get(&self, id: &str) -> Option<&ModelEntry> {
+        self.models.iter().find(|m| m.id == id)
+    }
+}
+
+/// Stable 64-bit key of a name (replica, class): equal on every node.
+pub fn key_of(name: &str) -> u64 {
+    xxh3_64(name.as_bytes())
+}
+
+#[derive(Debug)]
+pub struct Replica {
+    /// Process-local id, never reused.
+    pub id: u32,
+    pub base: http::Uri,
+    pub url: String,
+    pub name: String,
+    pub key: u64,
+    pub class: String,
+    pub class_key: u64,
+    pub region: String,
+    pub max_batched_tokens: Option<u32>,
+    pub ledger: Arc<Ledger>,
+    /// Insertion cursor of this replica in the prefix index.
+    pub prefix_cursor: AtomicU64,
+    pub scraped: ArcSwapOption<Scraped>,
+    pub models: ArcSwap<ServedModels>,
+    pub health: Health,
+    /// In-flight work of other router nodes here, as last gossiped.
+    pub peer_load: ArcSwap<PeerLoad>,
+}
+
+/// Peers' load on a replica and when it was last refreshed (node time axis).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PeerLoad {
+    pub load: Load,
+    pub updated_s: f64,
+}
+
+impl Replica {
+    /// Builds a replica from its config; `id` comes from the fleet.
+    pub fn new(id: u32, rc: &ReplicaConfig) -> Result<Self, String> {
+        let base = super::parse_base_url(&rc.url)?;
+        let url = rc.url.trim_end_matches('/').to_string();
+        let name = rc.name.clone().unwrap_or_else(|| {
+            base.authority()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| url.clone())
+        });
+        let class = rc.class.clone().unwrap_or_else(|| format!("replica:{name}"));
+        Ok(Self {
+            id,
+            base,
+            key: key_of(&name),
+            class_key: key_of(&class),
+            url,
+            name,
+            class,
+            region: rc.region.clone().unwrap_or_else(|| "local".into()),
+            max_batched_tokens: rc.max_batched_tokens,
+            ledger: Ledger::new(),
+            prefix_cursor: AtomicU64::new(0),
+            scraped: ArcSwapOption::empty(),
+            models: ArcSwap::from_pointee(ServedModels::default()),
+            health: Health::default(),
+            peer_load: ArcSwap::from_pointee(PeerLoad::default()),
+        })
+    }
+
+    /// KV capacity in tokens, from the scraped cache config.
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        let s = self.scraped.load();
+        let s = s.as_ref()?;
+        Some(s.num_gpu_blocks? as u64 * s.block_size? as u64)
+    }
+}

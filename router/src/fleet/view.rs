@@ -1,0 +1,128 @@
+//! The fleet: the current replica list (an `ArcSwap` snapshot) and its background
+//! tasks. Adding or removing a replica swaps the list; readers never block.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering::Relaxed},
+    },
+};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use super::{Replica, tasks};
+use crate::{
+    config::{ReplicaConfig, RouterConfig},
+    metrics::Metrics,
+    prefix::PrefixIndex,
+    upstream::HttpClient,
+};
+
+/// Where a replica came from (DNS-discovered replicas are removed when the name stops
+/// resolving to them; static ones stay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Static,
+    Dns,
+}
+
+pub struct Fleet {
+    replicas: ArcSwap<Vec<Arc<Replica>>>,
+    origins: Mutex<HashMap<u32, (Origin, CancellationToken)>>,
+    next_id: AtomicU32,
+    pub cfg: Arc<RouterConfig>,
+    pub client: HttpClient,
+    pub metrics: Arc<Metrics>,
+    pub prefix: Arc<PrefixIndex>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Fleet {
+    pub fn new(
+        cfg: Arc<RouterConfig>,
+        client: HttpClient,
+        metrics: Arc<Metrics>,
+        prefix: Arc<PrefixIndex>,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            replicas: ArcSwap::from_pointee(Vec::new()),
+            origins: Mutex::new(HashMap::new()),
+            next_id: AtomicU32::new(0),
+            cfg,
+            client,
+            metrics,
+            prefix,
+            cancel,
+            tracker: TaskTracker::new(),
+        })
+    }
+
+    /// The current replica list.
+    pub fn replicas(&self) -> Arc<Vec<Arc<Replica>>> {
+        self.replicas.load_full()
+    }
+
+    /// Adds a replica and starts its scrape/probe/models tasks.
+    pub fn add(self: &Arc<Self>, rc: &ReplicaConfig, origin: Origin) -> Result<Arc<Replica>, String> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let replica = Arc::new(Replica::new(id, rc)?);
+        if self.replicas().iter().any(|r| r.url == replica.url) {
+            return Err(format!("replica {} is already in the fleet", replica.url));
+        }
+        let token = self.cancel.child_token();
+        self.origins.lock().insert(id, (origin, token.clone()));
+        self.replicas.rcu(|list| {
+            let mut next = (**list).clone();
+            next.push(replica.clone());
+            next
+        });
+        tasks::spawn_replica_tasks(self.clone(), replica.clone(), token, &self.tracker);
+        tracing::info!(replica = %replica.name, url = %replica.url, class = %replica.class, "replica added");
+        Ok(replica)
+    }
+
+    /// Removes a replica; its tasks stop and the prefix index forgets it.
+    pub fn remove(&self, id: u32) {
+        if let Some((_, token)) = self.origins.lock().remove(&id) {
+            token.cancel();
+        }
+        self.replicas.rcu(|list| {
+            list.iter()
+                .filter(|r| r.id != id)
+                .cloned()
+                .collect::<Vec<_>>()
+        });
+        self.prefix.forget(id);
+    }
+
+    /// Replicas of a given origin, by URL.
+    pub fn urls_of(&self, origin: Origin) -> HashMap<String, u32> {
+        let origins = self.origins.lock();
+        self.replicas()
+            .iter()
+            .filter(|r| origins.get(&r.id).map(|(o, _)| *o) == Some(origin))
+            .map(|r| (r.url.clone(), r.id))
+            .collect()
+    }
+
+    /// Starts DNS discovery if configured.
+    pub fn start_discovery(self: &Arc<Self>) {
+        if let Some(d) = self.cfg.discovery.clone() {
+            let fleet = self.clone();
+            let token = self.cancel.child_token();
+            self.tracker.spawn(tasks::dns_loop(fleet, d, token));
+        }
+    }
+
+    /// Stops every background task and waits for them.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}

@@ -1,0 +1,324 @@
+//! In-flight accounting: the work this node has placed on one replica.
+//!
+//! Invariants: every counter is the sum over live [`Booking`]s of that booking's
+//! current contribution; a booking contributes to exactly one stage (queued before its
+//! first token, decoding after), and dropping it removes its contribution, so a lost
+//! stream can never pin phantom load. Reads are lock-free atomics except the prefill
+//! inflow rate and the TPOT-objective multiset, which take short uncontended locks.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
+    },
+};
+
+use parking_lot::Mutex;
+
+/// Time constant of the prefill inflow rate (seconds).
+const INFLOW_TAU_S: f64 = 2.0;
+
+/// A point-in-time read of the load on one replica (this node's, or a sum).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    pub requests: f64,
+    pub queued_requests: f64,
+    /// Uncached prompt tokens not yet prefilled (requests before their first token).
+    pub queued_prefill_tokens: f64,
+    /// Σ (u·k + u²/2) over queued requests: their prefill attention work.
+    pub queued_attention_pairs: f64,
+    pub decoding_requests: f64,
+    /// Σ current context (prompt + generated) of decoding requests.
+    pub decode_context_tokens: f64,
+    /// Σ expected remaining output tokens of decoding requests.
+    pub decode_remaining_tokens: f64,
+    /// Uncached prompt tokens dispatched per second (exponentially decayed).
+    pub prefill_inflow_tps: f64,
+    /// Tightest TPOT objective among requests in flight (ms), if any.
+    pub min_tpot_slo_ms: Option<f64>,
+}
+
+impl Load {
+    /// Sum of two loads (e.g. this node's plus its peers').
+    pub fn plus(&self, o: &Load) -> Load {
+        Load {
+            requests: self.requests + o.requests,
+            queued_requests: self.queued_requests + o.queued_requests,
+            queued_prefill_tokens: self.queued_prefill_tokens + o.queued_prefill_tokens,
+            queued_attention_pairs: self.queued_attention_pairs + o.queued_attention_pairs,
+            decoding_requests: self.decoding_requests + o.decoding_requests,
+            decode_context_tokens: self.decode_context_tokens + o.decode_context_tokens,
+            decode_remaining_tokens: self.decode_remaining_tokens + o.decode_remaining_tokens,
+            prefill_inflow_tps: self.prefill_inflow_tps + o.prefill_inflow_tps,
+            min_tpot_slo_ms: match (self.min_tpot_slo_ms, o.min_tpot_slo_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+
+    /// Outstanding tokens: prefill still to do plus decode still to come.
+    pub fn outstanding_tokens(&self) -> f64 {
+        self.queued_prefill_tokens + self.decode_remaining_tokens
+    }
+}
+
+/// Decayed sum of dispatched prefill tokens.
+#[derive(Debug, Default)]
+struct Inflow {
+    acc: f64,
+    at_s: f64,
+}
+
+impl Inflow {
+    fn rate(&self, now_s: f64) -> f64 {
+        let dt = (now_s - self.at_s).max(0.0);
+        self.acc * (-dt / INFLOW_TAU_S).exp() / INFLOW_TAU_S
+    }
+    fn add(&mut self, tokens: f64, now_s: f64) {
+        let dt = (now_s - self.at_s).max(0.0);
+        self.acc = self.acc * (-dt / INFLOW_TAU_S).exp() + tokens;
+        self.at_s = self.at_s.max(now_s);
+    }
+}
+
+/// One replica's in-flight ledger for this node.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    requests: AtomicI64,
+    queued_requests: AtomicI64,
+    queued_prefill_tokens: AtomicI64,
+    queued_attention_pairs: AtomicI64,
+    decoding_requests: AtomicI64,
+    decode_context_tokens: AtomicI64,
+    decode_remaining_tokens: AtomicI64,
+    completed: AtomicU64,
+    inflow: Mutex<Inflow>,
+    /// TPOT objective (ms, rounded) → number of in-flight requests holding it.
+    tpot_slos: Mutex<BTreeMap<u32, u32>>,
+}
+
+fn f(a: &AtomicI64) -> f64 {
+    a.load(Relaxed).max(0) as f64
+}
+
+impl Ledger {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Current load at `now_s`.
+    pub fn load(&self, now_s: f64) -> Load {
+        Load {
+            requests: f(&self.requests),
+            queued_requests: f(&self.queued_requests),
+            queued_prefill_tokens: f(&self.queued_prefill_tokens),
+            queued_attention_pairs: f(&self.queued_attention_pairs),
+            decoding_requests: f(&self.decoding_requests),
+            decode_context_tokens: f(&self.decode_context_tokens),
+            decode_remaining_tokens: f(&self.decode_remaining_tokens),
+            prefill_inflow_tps: self.inflow.lock().rate(now_s),
+            min_tpot_slo_ms: self
+                .tpot_slos
+                .lock()
+                .first_key_value()
+                .map(|(k, _)| *k as f64),
+        }
+    }
+
+    /// Requests completed through this ledger.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Relaxed)
+    }
+
+    /// Books a request placed at `now_s`; the returned booking releases on drop.
+    pub fn book(self: &Arc<Self>, spec: BookingSpec, now_s: f64) -> Booking {
+        let uncached = spec.prompt_tokens.saturating_sub(spec.cached_tokens) as i64;
+        let k = spec.cached_tokens as f64;
+        let u = uncached as f64;
+        let pairs = (u * k + u * u / 2.0) as i64;
+        self.requests.fetch_add(1, Relaxed);
+        self.queued_requests.fetch_add(1, Relaxed);
+        self.queued_prefill_tokens.fetch_add(uncached, Relaxed);
+        self.queued_attention_pairs.fetch_add(pairs, Relaxed);
+        self.inflow.lock().add(u, now_s);
+        let slo_key = spec.tpot_slo_ms.map(|ms| ms.round().clamp(0.0, u32::MAX as f64) as u32);
+        if let Some(k) = slo_key {
+            *self.tpot_slos.lock().entry(k).or_insert(0) += 1;
+        }
+        Booking {
+            ledger: self.clone(),
+            uncached,
+            pairs,
+            prompt: spec.prompt_tokens as i64,
+            expected_output: spec.expected_output_tokens as i64,
+            generated: 0,
+            decoding: false,
+            slo_key,
+        }
+    }
+}
+
+/// What a booking needs to know about its request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BookingSpec {
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub expected_output_tokens: u32,
+    pub tpot_slo_ms: Option<f64>,
+}
+
+/// A live placement; moves from queued to decoding at the first token.
+#[derive(Debug)]
+pub struct Booking {
+    ledger: Arc<Ledger>,
+    uncached: i64,
+    pairs: i64,
+    prompt: i64,
+    expected_output: i64,
+    generated: i64,
+    decoding: bool,
+    slo_key: Option<u32>,
+}
+
+impl Booking {
+    fn remaining(&self) -> i64 {
+        (self.expected_output - self.generated).max(0)
+    }
+
+    /// The first token arrived: the request leaves the prefill queue.
+    pub fn first_token(&mut self) {
+        if self.decoding {
+            return;
+        }
+        self.decoding = true;
+        let l = &self.ledger;
+        l.queued_requests.fetch_sub(1, Relaxed);
+        l.queued_prefill_tokens.fetch_sub(self.uncached, Relaxed);
+        l.queued_attention_pairs.fetch_sub(self.pairs, Relaxed);
+        l.decoding_requests.fetch_add(1, Relaxed);
+        l.decode_context_tokens
+            .fetch_add(self.prompt + self.generated, Relaxed);
+        l.decode_remaining_tokens
+            .fetch_add(self.remaining(), Relaxed);
+    }
+
+    /// `n` more output tokens were generated.
+    pub fn generated(&mut self, n: u32) {
+        let before = self.remaining();
+        self.generated += n as i64;
+        if self.decoding {
+            let l = &self.ledger;
+            l.decode_context_tokens.fetch_add(n as i64, Relaxed);
+            l.decode_remaining_tokens
+                .fetch_sub(before - self.remaining(), Relaxed);
+        }
+    }
+
+    /// Output tokens seen so far.
+    pub fn tokens_generated(&self) -> u32 {
+        self.generated.clamp(0, u32::MAX as i64) as u32
+    }
+
+    /// Marks a normal completion (counted), then releases like a drop.
+    pub fn complete(self) {
+        self.ledger.completed.fetch_add(1, Relaxed);
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        let l = &self.ledger;
+        l.requests.fetch_sub(1, Relaxed);
+        if self.decoding {
+            l.decoding_requests.fetch_sub(1, Relaxed);
+            l.decode_context_tokens
+                .fetch_sub(self.prompt + self.generated, Relaxed);
+            l.decode_remaining_tokens
+                .fetch_sub(self.remaining(), Relaxed);
+        } else {
+            l.queued_requests.fetch_sub(1, Relaxed);
+            l.queued_prefill_tokens.fetch_sub(self.uncached, Relaxed);
+            l.queued_attention_pairs.fetch_sub(self.pairs, Relaxed);
+        }
+        if let Some(k) = self.slo_key {
+            let mut m = l.tpot_slos.lock();
+            if let Some(c) = m.get_mut(&k) {
+                *c -= 1;
+                if *c == 0 {
+                    m.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(p: u32, c: u32, o: u32) -> BookingSpec {
+        BookingSpec {
+            prompt_tokens: p,
+            cached_tokens: c,
+            expected_output_tokens: o,
+            tpot_slo_ms: Some(50.0),
+        }
+    }
+
+    #[test]
+    fn stages_move_and_release() {
+        let l = Ledger::new();
+        let mut b = l.book(spec(1000, 200, 100), 0.0);
+        let s = l.load(0.0);
+        assert_eq!(s.queued_prefill_tokens, 800.0);
+        assert_eq!(s.queued_attention_pairs, 800.0 * 200.0 + 800.0 * 800.0 / 2.0);
+        assert_eq!(s.min_tpot_slo_ms, Some(50.0));
+        b.first_token();
+        b.generated(10);
+        let s = l.load(0.0);
+        assert_eq!(s.queued_prefill_tokens, 0.0);
+        assert_eq!(s.decoding_requests, 1.0);
+        assert_eq!(s.decode_context_tokens, 1010.0);
+        assert_eq!(s.decode_remaining_tokens, 90.0);
+        b.complete();
+        assert_eq!(l.load(0.0), Load { prefill_inflow_tps: l.load(0.0).prefill_inflow_tps, ..Load::default() });
+        assert_eq!(l.completed(), 1);
+    }
+
+    #[test]
+    fn inflow_rate_decays() {
+        let l = Ledger::new();
+        drop(l.book(spec(2000, 0, 1), 10.0));
+        let now = l.load(10.0).prefill_inflow_tps;
+        let later = l.load(14.0).prefill_inflow_tps;
+        assert!((now - 1000.0).abs() < 1e-6, "{now}");
+        assert!(later < now * 0.2);
+    }
+
+    proptest! {
+        /// Whatever order bookings progress and drop in, the ledger returns to zero.
+        #[test]
+        fn always_returns_to_zero(ops in proptest::collection::vec((0u32..5000, 0u32..5000, 0u32..500, 0u8..3, 0u32..50), 1..40)) {
+            let l = Ledger::new();
+            let mut live = Vec::new();
+            for (p, c, o, stage, g) in ops {
+                let mut b = l.book(spec(p, c.min(p), o), 1.0);
+                if stage >= 1 { b.first_token(); }
+                if stage >= 2 { b.generated(g); }
+                live.push(b);
+            }
+            let s = l.load(1.0);
+            prop_assert!(s.requests > 0.0);
+            drop(live);
+            let s = l.load(1.0);
+            prop_assert_eq!(s.requests, 0.0);
+            prop_assert_eq!(s.queued_prefill_tokens, 0.0);
+            prop_assert_eq!(s.decode_context_tokens, 0.0);
+            prop_assert_eq!(s.decode_remaining_tokens, 0.0);
+            prop_assert_eq!(s.min_tpot_slo_ms, None);
+        }
+    }
+}

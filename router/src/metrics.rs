@@ -1,0 +1,115 @@
+//! The node's own Prometheus metrics (`/metrics`).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets (seconds) wide enough for TTFT of long prompts under load.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0,
+];
+const TPOT_BUCKETS: &[f64] = &[
+    0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+];
+const DECISION_BUCKETS: &[f64] = &[
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub ttft: HistogramVec,
+    pub tpot: HistogramVec,
+    pub e2e: HistogramVec,
+    pub retries: IntCounterVec,
+    pub upstream_errors: IntCounterVec,
+    pub ejections: IntCounterVec,
+    pub healthy: IntGaugeVec,
+    pub scrape_errors: IntCounterVec,
+    pub scrape_rejected: IntCounterVec,
+    pub decision_seconds: HistogramVec,
+    pub rejected: IntCounterVec,
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    // Names are static and unique, so registration cannot fail in practice; a
+    // duplicate would be a programming error caught by the tests.
+    if let Err(e) = r.register(Box::new(c.clone())) {
+        tracing::error!("metric registration failed: {e}");
+    }
+    c
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let h = |name: &str, help: &str, b: &[f64], labels: &[&str]| {
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(b.to_vec()), labels)
+                .expect("static histogram options are valid")
+        };
+        let c = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("static counter options are valid")
+        };
+        Self {
+            requests: reg(&r, c("headroom_requests_total", "Requests by outcome.", &["model", "replica", "status"])),
+            ttft: reg(&r, h("headroom_ttft_seconds", "Time to first token, dispatch to first content chunk.", LATENCY_BUCKETS, &["model", "replica"])),
+            tpot: reg(&r, h("headroom_tpot_seconds", "Time per output token after the first.", TPOT_BUCKETS, &["model", "replica"])),
+            e2e: reg(&r, h("headroom_e2e_seconds", "Request time, arrival to last byte.", LATENCY_BUCKETS, &["model", "replica"])),
+            retries: reg(&r, c("headroom_retries_total", "Attempts moved to another replica before the first byte.", &["reason"])),
+            upstream_errors: reg(&r, c("headroom_upstream_errors_total", "Upstream failures by kind.", &["replica", "kind"])),
+            ejections: reg(&r, c("headroom_ejections_total", "Replicas ejected by health checks.", &["replica"])),
+            healthy: reg(&r, IntGaugeVec::new(Opts::new("headroom_replica_healthy", "1 when the replica takes traffic."), &["replica"]).expect("valid")),
+            scrape_errors: reg(&r, c("headroom_scrape_errors_total", "Failed metric scrapes.", &["replica", "kind"])),
+            scrape_rejected: reg(&r, c("headroom_scrape_rejected_values_total", "Nonsense metric values ignored.", &["replica"])),
+            decision_seconds: reg(&r, h("headroom_decision_seconds", "Time to choose a replica.", DECISION_BUCKETS, &["policy"])),
+            rejected: reg(&r, c("headroom_rejected_total", "Requests refused by the router.", &["reason"])),
+            registry: r,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Prometheus text of everything registered.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!("metrics encoding failed: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    pub fn scrape_error(&self, replica: &str, kind: &str) {
+        self.scrape_errors.with_label_values(&[replica, kind]).inc();
+    }
+    pub fn scrape_rejected_values(&self, replica: &str, n: u32) {
+        self.scrape_rejected.with_label_values(&[replica]).inc_by(n as u64);
+    }
+    pub fn ejection(&self, replica: &str) {
+        self.ejections.with_label_values(&[replica]).inc();
+    }
+    pub fn set_health(&self, replica: &str, healthy: bool) {
+        self.healthy.with_label_values(&[replica]).set(healthy as i64);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn renders_registered_metrics() {
+        let m = super::Metrics::new();
+        m.requests.with_label_values(&["m", "r", "200"]).inc();
+        m.ttft.with_label_values(&["m", "r"]).observe(0.1);
+        let text = m.render();
+        assert!(text.contains("headroom_requests_total{model=\"m\",replica=\"r\",status=\"200\"} 1"));
+        assert!(text.contains("headroom_ttft_seconds_bucket"));
+    }
+}

@@ -1,0 +1,149 @@
+//! A router node's shared state: configuration, fleet, prefix index, policy,
+//! tenants, tokenizers and metrics. Handlers hold an `Arc<Node>`.
+
+use std::{collections::HashMap, sync::Arc};
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    config::RouterConfig,
+    fleet::{Fleet, view::Origin},
+    metrics::Metrics,
+    policy::{self, Policy, PolicyName},
+    prefix::PrefixIndex,
+    proxy::outcome::{Outcome, OutcomeStatus},
+    request::{ParsedRequest, PromptInput},
+    tenant::Tenants,
+    tokens::{self, PromptShape, Tokenizer},
+    upstream,
+};
+
+/// Default output estimate when a model has no history yet and no max_tokens.
+const DEFAULT_OUTPUT_TOKENS: f64 = 256.0;
+
+pub struct Node {
+    pub cfg: Arc<RouterConfig>,
+    pub fleet: Arc<Fleet>,
+    pub prefix: Arc<PrefixIndex>,
+    pub policy: Box<dyn Policy>,
+    pub metrics: Arc<Metrics>,
+    pub tenants: Tenants,
+    tokenizers: HashMap<String, Tokenizer>,
+    /// Per model: EWMA of observed output tokens (requests that stopped on their own).
+    output_mean: Mutex<HashMap<String, f64>>,
+}
+
+impl Node {
+    /// Builds the node and starts its fleet tasks (must run inside a tokio runtime).
+    pub fn start(cfg: RouterConfig, cancel: CancellationToken) -> anyhow::Result<Arc<Node>> {
+        cfg.validate()?;
+        let cfg = Arc::new(cfg);
+        let metrics = Arc::new(Metrics::new());
+        let prefix = Arc::new(PrefixIndex::new(cfg.prefix.max_entries));
+        let client = upstream::client(cfg.proxy.connect_timeout());
+        let fleet = Fleet::new(cfg.clone(), client, metrics.clone(), prefix.clone(), cancel);
+        for rc in &cfg.replicas {
+            fleet.add(rc, Origin::Static).map_err(anyhow::Error::msg)?;
+        }
+        fleet.start_discovery();
+        let mut tokenizers = HashMap::new();
+        for m in &cfg.models {
+            if let Some(t) = &m.tokenizer {
+                tokenizers.insert(m.name.clone(), Tokenizer::by_name(t)?);
+            }
+        }
+        let policy = build_policy(cfg.policy)?;
+        Ok(Arc::new(Node {
+            tenants: Tenants::new(&cfg.tenants),
+            cfg,
+            fleet,
+            prefix,
+            policy,
+            metrics,
+            tokenizers,
+            output_mean: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Token count and prefix blocks of a request's prompt.
+    pub fn shape(&self, req: &ParsedRequest) -> PromptShape {
+        let block = self.cfg.prefix.block_tokens as usize;
+        let max_blocks = self.cfg.prefix.max_blocks_per_request;
+        match &req.prompt {
+            PromptInput::Ids(ids) => tokens::shape_of_ids(ids, block, max_blocks),
+            PromptInput::Text(t) => {
+                let tok = self.tokenizers.get(&req.model).unwrap_or(&Tokenizer::Estimate);
+                let mut s = tokens::shape_of_text(tok, t, block, max_blocks);
+                // Chat templates add a few tokens per message.
+                s.tokens = s.tokens.saturating_add(4 * req.messages as u32);
+                s
+            }
+        }
+    }
+
+    /// Expected output tokens: exact under `ignore_eos`, else the model's observed
+    /// mean capped by `max_tokens`.
+    pub fn expected_output(&self, req: &ParsedRequest) -> u32 {
+        if req.ignore_eos {
+            if let Some(m) = req.max_tokens {
+                return m;
+            }
+        }
+        let mean = self
+            .output_mean
+            .lock()
+            .get(&req.model)
+            .copied()
+            .unwrap_or(DEFAULT_OUTPUT_TOKENS);
+        let est = mean.round().max(1.0) as u32;
+        req.max_tokens.map_or(est, |m| m.min(est).max(1))
+    }
+
+    /// Records a finished request: metrics, health and learning.
+    pub fn observe(&self, o: Outcome) {
+        let m = &self.metrics;
+        let r = &o.replica.name;
+        m.requests
+            .with_label_values(&[&o.model, r, o.status.label()])
+            .inc();
+        if let Some(t) = o.ttft_s {
+            m.ttft.with_label_values(&[&o.model, r]).observe(t);
+        }
+        if let Some(t) = o.tpot_s {
+            m.tpot.with_label_values(&[&o.model, r]).observe(t);
+        }
+        m.e2e.with_label_values(&[&o.model, r]).observe(o.e2e_s);
+        let now = crate::clock::now_ms();
+        match o.status {
+            OutcomeStatus::Ok => {
+                o.replica.health.on_success(now, &self.cfg.health);
+                if let Some(n) = o.output_tokens {
+                    let mut means = self.output_mean.lock();
+                    let e = means.entry(o.model.clone()).or_insert(n as f64);
+                    *e = 0.95 * *e + 0.05 * n as f64;
+                }
+            }
+            OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut => {
+                m.upstream_errors
+                    .with_label_values(&[r, o.status.label()])
+                    .inc();
+                if o.replica.health.on_failure(now, &self.cfg.health) {
+                    m.ejection(r);
+                }
+            }
+            OutcomeStatus::Cancelled => {}
+        }
+    }
+}
+
+/// Constructs a policy by name.
+pub fn build_policy(name: PolicyName) -> anyhow::Result<Box<dyn Policy>> {
+    Ok(match name {
+        PolicyName::RoundRobin => Box::new(policy::baselines::RoundRobin::default()),
+        PolicyName::LeastRequest => Box::new(policy::baselines::LeastRequest),
+        PolicyName::TokenLoad => Box::new(policy::baselines::TokenLoad),
+        PolicyName::PrefixAffinity => Box::new(policy::baselines::PrefixAffinity::default()),
+        PolicyName::Slo => anyhow::bail!("the slo policy is not built yet; choose a baseline"),
+    })
+}

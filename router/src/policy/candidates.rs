@@ -1,0 +1,124 @@
+//! Candidate filtering: model or adapter, context length, health, readiness; then
+//! each survivor's load and prefix match.
+
+use std::sync::{Arc, atomic::Ordering::Relaxed};
+
+use super::{Candidate, RequestProfile};
+use crate::{
+    fleet::Replica,
+    prefix::{Cursor, PrefixIndex},
+};
+
+/// Why no candidate is left.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CandidateError {
+    #[error("no replica serves model `{0}`")]
+    UnknownModel(String),
+    #[error("no healthy replica serves model `{0}`")]
+    NoHealthy(String),
+    #[error("prompt ({prompt} tokens) plus max_tokens exceeds the longest context ({max} tokens) of any replica serving `{model}`")]
+    ContextTooLong { model: String, prompt: u32, max: u32 },
+}
+
+/// Knobs of candidate construction.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateParams {
+    /// Tokens per prefix block in the index.
+    pub block_tokens: u32,
+    /// Scraped state older than this is ignored.
+    pub stale_after_s: f64,
+}
+
+/// Builds the eligible candidates for `req` at `now_s`.
+pub fn build_candidates<'a>(
+    req: &RequestProfile,
+    replicas: &'a [Arc<Replica>],
+    prefix: &PrefixIndex,
+    params: CandidateParams,
+    now_s: f64,
+) -> Result<Vec<Candidate<'a>>, CandidateError> {
+    let mut serving = 0usize;
+    let mut longest: Option<u32> = None;
+    let need = req.prompt_tokens.saturating_add(req.max_tokens.unwrap_or(1).max(1));
+    let mut out = Vec::new();
+    for r in replicas {
+        let models = r.models.load();
+        let Some(entry) = models.get(&req.model) else {
+            continue;
+        };
+        serving += 1;
+        let max_len = entry.max_model_len.or_else(|| {
+            // An adapter inherits its base model's context.
+            entry
+                .parent
+                .as_deref()
+                .and_then(|p| models.get(p))
+                .and_then(|m| m.max_model_len)
+        });
+        if let Some(m) = max_len {
+            longest = Some(longest.map_or(m, |l| l.max(m)));
+            if need > m {
+                continue;
+            }
+        }
+        if !r.health.routable() {
+            continue;
+        }
+        let scraped = r.scraped.load_full();
+        let scraped_age_s = scraped.as_ref().map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
+        let peer = r.peer_load.load();
+        out.push(Candidate {
+            replica: r,
+            cached_tokens: 0,
+            own: r.ledger.load(now_s),
+            peers: peer.load,
+            peers_age_s: (now_s - peer.updated_s).max(0.0),
+            scraped: scraped.filter(|_| scraped_age_s <= params.stale_after_s),
+            scraped_age_s,
+        });
+    }
+    if serving == 0 {
+        return Err(CandidateError::UnknownModel(req.model.clone()));
+    }
+    if out.is_empty() {
+        if let Some(max) = longest.filter(|m| need > *m) {
+            return Err(CandidateError::ContextTooLong {
+                model: req.model.clone(),
+                prompt: req.prompt_tokens,
+                max,
+            });
+        }
+        return Err(CandidateError::NoHealthy(req.model.clone()));
+    }
+    fill_prefix_matches(req, &mut out, prefix, params.block_tokens);
+    Ok(out)
+}
+
+/// Sets each candidate's `cached_tokens` from the prefix index.
+pub fn fill_prefix_matches(
+    req: &RequestProfile,
+    cands: &mut [Candidate<'_>],
+    prefix: &PrefixIndex,
+    block_tokens: u32,
+) {
+    if req.blocks.is_empty() || cands.is_empty() {
+        return;
+    }
+    let cursors: Vec<Cursor> = cands
+        .iter()
+        .map(|c| Cursor {
+            replica: c.replica.id,
+            seq: c.replica.prefix_cursor.load(Relaxed),
+            capacity: c
+                .replica
+                .kv_capacity_tokens()
+                .map_or(u64::MAX, |t| (t / block_tokens.max(1) as u64).max(1)),
+        })
+        .collect();
+    let mut matched = vec![0u32; cands.len()];
+    prefix.match_lengths(&req.blocks, &cursors, &mut matched);
+    for (c, m) in cands.iter_mut().zip(matched) {
+        // vLLM always computes at least one prompt token.
+        c.cached_tokens = (m.saturating_mul(block_tokens)).min(req.prompt_tokens.saturating_sub(1));
+    }
+}

@@ -1,0 +1,212 @@
+//! The node's approximate prefix index: which replica was sent which prefix blocks.
+//!
+//! Each replica has an insertion cursor counting blocks this node has sent it that the
+//! replica had to compute (misses). An entry `(replica, seq)` for a block is presumed
+//! still cached while `cursor − seq < capacity` (the replica's KV capacity in router
+//! blocks): an LRU approximation that needs no eviction lists. Memory is bounded by
+//! `max_entries`: when a shard overflows, its least recently touched quarter goes.
+//! Because block hashes are chained, a match on block `i` implies blocks `0..i`.
+
+use std::{
+    collections::HashMap,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+};
+
+use parking_lot::Mutex;
+
+const SHARDS: usize = 32;
+
+/// Who holds a block, and when (in that replica's cursor) it was last sent there.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    replica: u32,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    holders: Vec<Holder>,
+    touched: u64,
+}
+
+/// A replica's position in its own block stream, as the index needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct Cursor {
+    pub replica: u32,
+    /// Current value of the replica's insertion cursor.
+    pub seq: u64,
+    /// Blocks the replica can hold (`u64::MAX` when unknown).
+    pub capacity: u64,
+}
+
+impl Cursor {
+    fn fresh(&self, h: &Holder) -> bool {
+        h.replica == self.replica && self.seq.saturating_sub(h.seq) < self.capacity
+    }
+}
+
+/// Approximate, bounded, concurrent prefix index.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    shards: Vec<Mutex<HashMap<u64, Entry>>>,
+    shard_cap: usize,
+    clock: AtomicU64,
+}
+
+fn shard_of(hash: u64) -> usize {
+    // Block hashes are already well mixed; the top bits pick the shard.
+    (hash >> 59) as usize % SHARDS
+}
+
+impl PrefixIndex {
+    pub fn new(max_entries: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shard_cap: (max_entries / SHARDS).max(16),
+            clock: AtomicU64::new(0),
+        }
+    }
+
+    /// For each cursor, how many leading blocks of `blocks` that replica likely holds.
+    /// `out[i]` is written for `cursors[i]`.
+    pub fn match_lengths(&self, blocks: &[u64], cursors: &[Cursor], out: &mut [u32]) {
+        out.iter_mut().for_each(|o| *o = 0);
+        let mut alive: Vec<usize> = (0..cursors.len()).collect();
+        for (i, h) in blocks.iter().enumerate() {
+            if alive.is_empty() {
+                break;
+            }
+            let shard = self.shards[shard_of(*h)].lock();
+            let Some(entry) = shard.get(h) else { break };
+            alive.retain(|&c| {
+                let hit = entry.holders.iter().any(|hd| cursors[c].fresh(hd));
+                if hit {
+                    out[c] = i as u32 + 1;
+                }
+                hit
+            });
+        }
+    }
+
+    /// Records that `blocks` were sent to the replica of `cursor`, of which the first
+    /// `matched` were (presumed) cache hits. Returns the replica's new cursor value.
+    pub fn record(&self, cursor: &AtomicU64, replica: u32, blocks: &[u64], matched: usize) -> u64 {
+        let misses = blocks.len().saturating_sub(matched) as u64;
+        let base = cursor.fetch_add(misses, Relaxed);
+        let tick = self.clock.fetch_add(1, Relaxed);
+        for (i, h) in blocks.iter().enumerate() {
+            // Hits are touched at the current cursor; misses take fresh positions.
+            let seq = if i < matched { base } else { base + (i - matched) as u64 };
+            let mut shard = self.shards[shard_of(*h)].lock();
+            let entry = shard.entry(*h).or_default();
+            entry.touched = tick;
+            match entry.holders.iter_mut().find(|hd| hd.replica == replica) {
+                Some(hd) => hd.seq = hd.seq.max(seq),
+                None => entry.holders.push(Holder { replica, seq }),
+            }
+            if shard.len() > self.shard_cap {
+                Self::shrink(&mut shard);
+            }
+        }
+        base + misses
+    }
+
+    /// Drops the least recently touched quarter of a shard.
+    fn shrink(shard: &mut HashMap<u64, Entry>) {
+        let mut ticks: Vec<u64> = shard.values().map(|e| e.touched).collect();
+        let q = ticks.len() / 4;
+        let (_, cut, _) = ticks.select_nth_unstable(q);
+        let cut = *cut;
+        shard.retain(|_, e| e.touched > cut);
+    }
+
+    /// Forgets a replica everywhere (it left the fleet).
+    pub fn forget(&self, replica: u32) {
+        for s in &self.shards {
+            s.lock().retain(|_, e| {
+                e.holders.retain(|h| h.replica != replica);
+                !e.holders.is_empty()
+            });
+        }
+    }
+
+    /// Entries held (for metrics).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cur(replica: u32, c: &AtomicU64, capacity: u64) -> Cursor {
+        Cursor { replica, seq: c.load(Relaxed), capacity }
+    }
+
+    #[test]
+    fn longest_prefix_per_replica() {
+        let idx = PrefixIndex::new(1 << 16);
+        let (c0, c1) = (AtomicU64::new(0), AtomicU64::new(0));
+        idx.record(&c0, 0, &[1, 2, 3, 4], 0);
+        idx.record(&c1, 1, &[1, 2, 9], 0);
+        let mut out = [0u32; 2];
+        idx.match_lengths(&[1, 2, 3, 4, 5], &[cur(0, &c0, 100), cur(1, &c1, 100)], &mut out);
+        assert_eq!(out, [4, 2]);
+        idx.match_lengths(&[7, 2, 3], &[cur(0, &c0, 100), cur(1, &c1, 100)], &mut out);
+        assert_eq!(out, [0, 0]);
+    }
+
+    #[test]
+    fn blocks_age_out_after_capacity_misses() {
+        let idx = PrefixIndex::new(1 << 16);
+        let c = AtomicU64::new(0);
+        idx.record(&c, 0, &[1, 2], 0);
+        // 10 more blocks of other content on a replica that holds 8.
+        idx.record(&c, 0, &(100..110).collect::<Vec<_>>(), 0);
+        let mut out = [0u32; 1];
+        idx.match_lengths(&[1, 2], &[cur(0, &c, 8)], &mut out);
+        assert_eq!(out, [0]);
+        idx.match_lengths(&[1, 2], &[cur(0, &c, 64)], &mut out);
+        assert_eq!(out, [2]);
+    }
+
+    #[test]
+    fn hits_refresh_without_advancing_cursor() {
+        let idx = PrefixIndex::new(1 << 16);
+        let c = AtomicU64::new(0);
+        idx.record(&c, 0, &[1, 2, 3], 0);
+        let after_first = c.load(Relaxed);
+        idx.record(&c, 0, &[1, 2, 3], 3);
+        assert_eq!(c.load(Relaxed), after_first);
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let idx = PrefixIndex::new(SHARDS * 64);
+        let c = AtomicU64::new(0);
+        for i in 0..100u64 {
+            let blocks: Vec<u64> = (0..64).map(|j| (i * 1000 + j).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+            idx.record(&c, 0, &blocks, 0);
+        }
+        assert!(idx.len() <= SHARDS * 64 + SHARDS, "{}", idx.len());
+        // The newest blocks survive.
+        let newest: Vec<u64> = (0..64u64).map(|j| (99 * 1000 + j).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let mut out = [0u32; 1];
+        idx.match_lengths(&newest, &[cur(0, &c, u64::MAX)], &mut out);
+        assert!(out[0] > 0);
+    }
+
+    #[test]
+    fn forget_removes_a_replica() {
+        let idx = PrefixIndex::new(1 << 10);
+        let c = AtomicU64::new(0);
+        idx.record(&c, 3, &[5, 6], 0);
+        idx.forget(3);
+        assert!(idx.is_empty());
+    }
+}

@@ -1,0 +1,264 @@
+//! The response body handed to the client: upstream bytes passed through as they
+//! arrive, watched on the way (first token, usage, errors) and closed out exactly once
+//! with an [`Outcome`].
+//!
+//! Invariants: nothing is ever sent twice; once a stream has started, every failure
+//! becomes one SSE error event followed by `data: [DONE]`; dropping the body (client
+//! gone) releases the booking and closes the upstream connection, which makes the
+//! engine abort the request.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use super::{
+    outcome::{Outcome, OutcomeStatus},
+    sse::{SseScanner, Usage},
+};
+use crate::{error::ApiError, fleet::Replica, ledger::Booking, node::Node, policy::Forecast};
+
+/// Largest non-streaming body kept to read its usage.
+const KEEP_NONSTREAM_BYTES: usize = 1 << 20;
+
+/// Everything needed to close out a request.
+pub struct Tracking {
+    pub node: Arc<Node>,
+    pub replica: Arc<Replica>,
+    pub model: String,
+    pub arrived: Instant,
+    pub dispatched: Instant,
+    pub booking: Booking,
+    pub forecast: Option<Forecast>,
+}
+
+enum Mode {
+    Stream(SseScanner),
+    Whole(BytesMut),
+}
+
+pub struct TrackedBody {
+    upstream: Incoming,
+    first: Option<Bytes>,
+    mode: Mode,
+    track: Option<Tracking>,
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    done: bool,
+    content_seen: u32,
+}
+
+impl TrackedBody {
+    /// `first` is a frame already read from `upstream` (the router reads one before
+    /// answering, so a replica that dies before its first byte can still be retried).
+    pub fn new(
+        upstream: Incoming,
+        first: Option<Bytes>,
+        stream: Option<bool>,
+        track: Tracking,
+        idle_timeout: Duration,
+    ) -> Self {
+        let mode = match stream {
+            Some(strip_usage) => Mode::Stream(SseScanner::new(strip_usage)),
+            None => Mode::Whole(BytesMut::new()),
+        };
+        Self {
+            upstream,
+            first,
+            mode,
+            track: Some(track),
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle_timeout,
+            done: false,
+            content_seen: 0,
+        }
+    }
+
+    fn process(&mut self, data: Bytes) -> Bytes {
+        match &mut self.mode {
+            Mode::Stream(sc) => {
+                let out = sc.feed(&data, Instant::now());
+                if let Some(t) = self.track.as_mut() {
+                    if sc.first_content.is_some() && self.content_seen == 0 {
+                        t.booking.first_token();
+                    }
+                    let new = sc.content_events.saturating_sub(self.content_seen);
+                    if new > 0 {
+                        t.booking.generated(new);
+                    }
+                }
+                self.content_seen = sc.content_events;
+                out
+            }
+            Mode::Whole(keep) => {
+                if keep.len() + data.len() <= KEEP_NONSTREAM_BYTES {
+                    keep.extend_from_slice(&data);
+                }
+                data
+            }
+        }
+    }
+
+    /// Closes the request out once; returns the bytes that end the stream, if any.
+    fn finish(&mut self, status: OutcomeStatus) -> Option<Bytes> {
+        let t = self.track.take()?;
+        let now = Instant::now();
+        let (ttft_s, tpot_s, usage, tail) = match &mut self.mode {
+            Mode::Stream(sc) => {
+                let usage = sc.usage;
+                let first = sc.first_content.map(|f| f.duration_since(t.dispatched).as_secs_f64());
+                let tokens = usage.map(|u| u.completion_tokens).unwrap_or(sc.content_events);
+                let tpot = match (sc.first_content, sc.last_content) {
+                    (Some(a), Some(b)) if tokens >= 2 && status == OutcomeStatus::Ok => {
+                        Some(b.duration_since(a).as_secs_f64() / (tokens - 1) as f64)
+                    }
+                    _ => None,
+                };
+                let tail = if status == OutcomeStatus::Cancelled || sc.done {
+                    None
+                } else {
+                    let msg = match status {
+                        OutcomeStatus::TimedOut => "the replica stopped sending tokens",
+                        _ => "the replica failed mid-stream",
+                    };
+                    let mut e = ApiError::upstream(msg);
+                    e.replica = Some(t.replica.name.clone());
+                    Some(e.sse_bytes())
+                };
+                (first, tpot, usage, tail)
+            }
+            Mode::Whole(keep) => {
+                #[derive(serde::Deserialize)]
+                struct U {
+                    usage: Option<Usage>,
+                }
+                let usage = serde_json::from_slice::<U>(keep).ok().and_then(|u| u.usage);
+                (None, None, usage, None)
+            }
+        };
+        let upstream_failed = matches!(status, OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut)
+            || matches!(&self.mode, Mode::Stream(sc) if sc.upstream_error);
+        let outcome = Outcome {
+            model: t.model.clone(),
+            replica: t.replica.clone(),
+            status: if upstream_failed && status == OutcomeStatus::Ok {
+                OutcomeStatus::UpstreamFailed
+            } else {
+                status
+            },
+            dispatched: t.dispatched,
+            arrived: t.arrived,
+            ttft_s,
+            tpot_s,
+            e2e_s: now.duration_since(t.arrived).as_secs_f64(),
+            output_tokens: usage.map(|u| u.completion_tokens),
+            cached_tokens: usage.and_then(|u| u.prompt_tokens_details.map(|d| d.cached_tokens)),
+            forecast: t.forecast,
+        };
+        if outcome.status == OutcomeStatus::Ok {
+            t.booking.complete();
+        } else {
+            drop(t.booking);
+        }
+        t.node.observe(outcome);
+        tail
+    }
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(first) = this.first.take() {
+            let out = this.process(first);
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(out))));
+            }
+        }
+        loop {
+            match Pin::new(&mut this.upstream).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let deadline = tokio::time::Instant::now() + this.idle_timeout;
+                    this.idle.as_mut().reset(deadline);
+                    if let Ok(data) = frame.into_data() {
+                        let out = this.process(data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.done = true;
+                    tracing::debug!("upstream body failed: {e}");
+                    return match this.finish(OutcomeStatus::UpstreamFailed) {
+                        Some(tail) => Poll::Ready(Some(Ok(Frame::data(tail)))),
+                        // Not a stream: nothing honest to append; abort the response.
+                        None => Poll::Ready(Some(Err(e))),
+                    };
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    let clean = match &mut this.mode {
+                        Mode::Stream(sc) => sc.done,
+                        Mode::Whole(_) => true,
+                    };
+                    let mut rest = match &mut this.mode {
+                        Mode::Stream(sc) => sc.leftover(),
+                        Mode::Whole(_) => Bytes::new(),
+                    };
+                    let status = if clean { OutcomeStatus::Ok } else { OutcomeStatus::UpstreamFailed };
+                    if let Some(tail) = this.finish(status) {
+                        let mut b = BytesMut::from(&rest[..]);
+                        b.extend_from_slice(&tail);
+                        rest = b.freeze();
+                    }
+                    return if rest.is_empty() {
+                        Poll::Ready(None)
+                    } else {
+                        Poll::Ready(Some(Ok(Frame::data(rest))))
+                    };
+                }
+                Poll::Pending => {
+                    if this.idle.as_mut().poll(cx).is_ready() {
+                        this.done = true;
+                        return match this.finish(OutcomeStatus::TimedOut) {
+                            Some(tail) => Poll::Ready(Some(Ok(Frame::data(tail)))),
+                            None => Poll::Ready(None),
+                        };
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        // Still tracking means the client left before the end.
+        self.finish(OutcomeStatus::Cancelled);
+    }
+}

@@ -1,0 +1,313 @@
+//! Forwarding: decide, book, send, retry before the first byte, stream back.
+//!
+//! A request is retried on another candidate (bounded, jittered) when the replica
+//! refuses the connection, answers 5xx or 429, or sends nothing before the first-byte
+//! timeout — always before the client has seen a byte. After that, failures end the
+//! stream with an SSE error event (see `body`), never with duplicated output.
+
+pub mod body;
+pub mod outcome;
+pub mod sse;
+
+use std::{sync::Arc, time::Instant};
+
+use axum::body::Body as AxumBody;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+use crate::{
+    REPLICA_HEADER, clock,
+    error::ApiError,
+    fleet::Replica,
+    ledger::BookingSpec,
+    node::Node,
+    policy::{
+        CandidateError, Choice, DecideCtx, Forecast, RequestProfile, build_candidates,
+        candidates::CandidateParams,
+    },
+    request::ParsedRequest,
+    upstream,
+};
+use body::{TrackedBody, Tracking};
+
+/// Hop-by-hop headers never forwarded.
+const HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// One target chosen by the policy.
+struct Target {
+    replica: Arc<Replica>,
+    cached_tokens: u32,
+    forecast: Option<Forecast>,
+}
+
+impl From<CandidateError> for ApiError {
+    fn from(e: CandidateError) -> Self {
+        match &e {
+            CandidateError::UnknownModel(m) => ApiError::unknown_model(m),
+            CandidateError::NoHealthy(m) => ApiError::no_replica(m),
+            CandidateError::ContextTooLong { .. } => {
+                ApiError::bad_request(e.to_string()).with_param("prompt")
+            }
+        }
+    }
+}
+
+/// Picks targets for a request: the policy's ranking, cut to the retry budget.
+fn choose(node: &Node, profile: &RequestProfile) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
+    let replicas = node.fleet.replicas();
+    let now = clock::now_s();
+    let params = CandidateParams {
+        block_tokens: node.cfg.prefix.block_tokens,
+        stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
+    };
+    let cands = build_candidates(profile, &replicas, &node.prefix, params, now)?;
+    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    let started = Instant::now();
+    let decision = node.policy.decide(profile, &cands, &mut DecideCtx { now_s: now, rng: &mut rng });
+    node.metrics
+        .decision_seconds
+        .with_label_values(&[node.policy.name()])
+        .observe(started.elapsed().as_secs_f64());
+    match decision.choice {
+        Choice::Route(order) => {
+            let max = 1 + node.cfg.proxy.retries as usize;
+            let targets = order
+                .into_iter()
+                .filter(|&i| i < cands.len())
+                .take(max)
+                .map(|i| Target {
+                    replica: replicas
+                        .iter()
+                        .find(|r| r.id == cands[i].replica.id)
+                        .cloned()
+                        .expect("candidate comes from this replica list"),
+                    cached_tokens: cands[i].cached_tokens,
+                    forecast: decision.forecasts.get(i).copied().flatten(),
+                })
+                .collect();
+            Ok((targets, decision.fallback))
+        }
+        Choice::Reject(reason) | Choice::Defer { reason, .. } => {
+            node.metrics.rejected.with_label_values(&["no_fit"]).inc();
+            Err(ApiError::shed(reason))
+        }
+    }
+}
+
+fn upstream_request(target: &Replica, parsed: &ParsedRequest, headers: &HeaderMap) -> Result<Request<Full<Bytes>>, ApiError> {
+    let uri = upstream::join(&target.base, parsed.endpoint.path()).map_err(ApiError::upstream)?;
+    let mut req = Request::post(uri);
+    for (k, v) in headers {
+        let name = k.as_str();
+        if HOP.contains(&name) || name == "host" || name == "content-length" {
+            continue;
+        }
+        req = req.header(k, v);
+    }
+    req.header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(parsed.upstream_body.clone()))
+        .map_err(|e| ApiError::upstream(e.to_string()))
+}
+
+/// Why an attempt did not produce a response to stream back.
+enum AttemptError {
+    /// Try the next candidate.
+    Retry(&'static str, Option<Response<Incoming>>),
+}
+
+/// Reads the first frame so a stream that dies before its first byte can be retried.
+async fn first_frame(resp: &mut Response<Incoming>, node: &Node) -> Result<Option<Bytes>, &'static str> {
+    let body = resp.body_mut();
+    let wait = async {
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        if !d.is_empty() {
+                            return Ok(Some(d));
+                        }
+                    }
+                }
+                Some(Err(_)) => return Err("reset_before_first_byte"),
+                None => return Ok(None),
+            }
+        }
+    };
+    tokio::time::timeout(node.cfg.proxy.first_byte_timeout(), wait)
+        .await
+        .map_err(|_| "first_byte_timeout")?
+}
+
+/// Routes and forwards one parsed request.
+pub async fn forward(
+    node: Arc<Node>,
+    parsed: ParsedRequest,
+    profile: RequestProfile,
+    headers: HeaderMap,
+    arrived: Instant,
+) -> Result<Response<AxumBody>, ApiError> {
+    let (targets, fallback) = choose(&node, &profile)?;
+    let mut last_error: Option<Response<Incoming>> = None;
+    let mut last_reason = "no attempt";
+    for (attempt, target) in targets.iter().enumerate() {
+        if attempt > 0 {
+            node.metrics.retries.with_label_values(&[last_reason]).inc();
+            let base = node.cfg.proxy.retry_backoff_ms.max(1);
+            let jitter = rand::rng().random_range(base..=base * 3);
+            tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
+        }
+        let r = &target.replica;
+        let booking = r.ledger.book(
+            BookingSpec {
+                prompt_tokens: profile.prompt_tokens,
+                cached_tokens: target.cached_tokens,
+                expected_output_tokens: profile.expected_output_tokens,
+                tpot_slo_ms: Some(profile.slo.tpot_ms),
+            },
+            clock::now_s(),
+        );
+        let req = upstream_request(r, &parsed, &headers)?;
+        let dispatched = Instant::now();
+        let sent = tokio::time::timeout(node.cfg.proxy.first_byte_timeout(), node.fleet.client.request(req)).await;
+        let outcome = match sent {
+            Err(_) => Err(AttemptError::Retry("first_byte_timeout", None)),
+            Ok(Err(e)) => {
+                tracing::debug!(replica = %r.name, "upstream request failed: {e}");
+                Err(AttemptError::Retry("connect", None))
+            }
+            Ok(Ok(mut resp)) => {
+                let status = resp.status();
+                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+                    Err(AttemptError::Retry(
+                        if status == StatusCode::TOO_MANY_REQUESTS { "429" } else { "5xx" },
+                        Some(resp),
+                    ))
+                } else if !status.is_success() {
+                    // The client's mistake (4xx): pass it through, not the replica's fault.
+                    drop(booking);
+                    return Ok(passthrough(resp, r));
+                } else {
+                    match first_frame(&mut resp, &node).await {
+                        Ok(first) => Ok((resp, first)),
+                        Err(why) => Err(AttemptError::Retry(why, None)),
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok((resp, first)) => {
+                let matched = (target.cached_tokens / node.cfg.prefix.block_tokens.max(1)) as usize;
+                node.prefix.record(&r.prefix_cursor, r.id, &profile.blocks, matched);
+                let track = Tracking {
+                    node: node.clone(),
+                    replica: r.clone(),
+                    model: profile.model.clone(),
+                    arrived,
+                    dispatched,
+                    booking,
+                    forecast: target.forecast,
+                };
+                return Ok(respond(&node, resp, first, &parsed, track, fallback));
+            }
+            Err(AttemptError::Retry(why, resp)) => {
+                drop(booking);
+                last_reason = why;
+                node.metrics.upstream_errors.with_label_values(&[&r.name, why]).inc();
+                if r.health.on_failure(clock::now_ms(), &node.cfg.health) {
+                    node.metrics.ejection(&r.name);
+                    tracing::warn!(replica = %r.name, "replica ejected after failures ({why})");
+                }
+                if let Some(resp) = resp {
+                    last_error = Some(resp);
+                }
+            }
+        }
+    }
+    // Every attempt failed before the first byte.
+    if let (Some(resp), Some(t)) = (last_error, targets.last()) {
+        return Ok(passthrough(resp, &t.replica));
+    }
+    let mut e = ApiError::upstream(format!("every replica tried failed ({last_reason})"));
+    e.replica = targets.last().map(|t| t.replica.name.clone());
+    Err(e)
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, drop_length: bool) {
+    for (k, v) in from {
+        let name = k.as_str();
+        if HOP.contains(&name) || (drop_length && name == "content-length") {
+            continue;
+        }
+        to.append(k.clone(), v.clone());
+    }
+}
+
+fn replica_header(r: &Replica) -> HeaderValue {
+    HeaderValue::from_str(&r.name).unwrap_or_else(|_| HeaderValue::from_static("unnamed"))
+}
+
+/// An upstream response passed through untouched (errors from the replica).
+fn passthrough(resp: Response<Incoming>, r: &Replica) -> Response<AxumBody> {
+    let (parts, body) = resp.into_parts();
+    let mut out = Response::new(AxumBody::new(body));
+    *out.status_mut() = parts.status;
+    copy_headers(&parts.headers, out.headers_mut(), false);
+    out.headers_mut().insert(REPLICA_HEADER, replica_header(r));
+    out
+}
+
+fn respond(
+    node: &Node,
+    resp: Response<Incoming>,
+    first: Option<Bytes>,
+    parsed: &ParsedRequest,
+    track: Tracking,
+    fallback: Option<&'static str>,
+) -> Response<AxumBody> {
+    let r = track.replica.clone();
+    let forecast = track.forecast;
+    let (parts, body) = resp.into_parts();
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let stream = (parsed.stream && is_sse).then_some(parsed.injected_usage);
+    let tracked = TrackedBody::new(body, first, stream, track, node.cfg.proxy.idle_timeout());
+    let mut out = Response::new(AxumBody::new(tracked));
+    *out.status_mut() = parts.status;
+    copy_headers(&parts.headers, out.headers_mut(), parsed.injected_usage);
+    let h = out.headers_mut();
+    h.insert(REPLICA_HEADER, replica_header(&r));
+    if node.cfg.prediction_headers {
+        if let Some(f) = forecast {
+            let put = |h: &mut HeaderMap, k: &'static str, v: f64| {
+                if let Ok(v) = HeaderValue::from_str(&format!("{v:.1}")) {
+                    h.insert(k, v);
+                }
+            };
+            put(h, "x-headroom-predicted-ttft-ms", f.ttft_ms);
+            put(h, "x-headroom-predicted-ttft-upper-ms", f.ttft_upper_ms);
+            put(h, "x-headroom-predicted-tpot-ms", f.tpot_ms);
+            put(h, "x-headroom-predicted-tpot-upper-ms", f.tpot_upper_ms);
+        }
+        if let Some(fb) = fallback {
+            h.insert("x-headroom-fallback", HeaderValue::from_static(fb));
+        }
+    }
+    // Never let a cache or proxy buffer a token stream.
+    if stream.is_some() {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    out
+}

@@ -1,0 +1,49 @@
+//! What happened to one request, as the router measured it.
+
+use std::{sync::Arc, time::Instant};
+
+use crate::{fleet::Replica, policy::Forecast};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutcomeStatus {
+    /// Completed normally.
+    Ok,
+    /// The replica failed mid-response (error, reset, early end).
+    UpstreamFailed,
+    /// The stream went silent past the idle timeout.
+    TimedOut,
+    /// The client went away first.
+    Cancelled,
+}
+
+impl OutcomeStatus {
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeStatus::Ok => "ok",
+            OutcomeStatus::UpstreamFailed => "upstream_failed",
+            OutcomeStatus::TimedOut => "timed_out",
+            OutcomeStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Measured outcome of a routed request.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub model: String,
+    pub replica: Arc<Replica>,
+    pub status: OutcomeStatus,
+    /// When the router sent the request upstream (TTFT is measured from here).
+    pub dispatched: Instant,
+    /// When the request reached the router.
+    pub arrived: Instant,
+    /// Dispatch → first content chunk (streams only).
+    pub ttft_s: Option<f64>,
+    /// (last − first content) / (tokens − 1), streams with ≥ 2 tokens.
+    pub tpot_s: Option<f64>,
+    /// Arrival → end of response.
+    pub e2e_s: f64,
+    pub output_tokens: Option<u32>,
+    pub cached_tokens: Option<u32>,
+    pub forecast: Option<Forecast>,
+}

@@ -1,0 +1,169 @@
+//! Prompt measurement: token counts and chained prefix-block hashes.
+//!
+//! Invariant: equal leading content gives equal leading block hashes, because each
+//! block's hash is seeded with its parent's (a chain), so a match on block `i` implies
+//! a match on every block before it.
+
+use std::sync::{Arc, OnceLock};
+
+use tiktoken_rs::CoreBPE;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of the first block in every chain (any constant; fixed so all nodes agree).
+const CHAIN_SEED: u64 = 0x6865_6164_726f_6f6d; // "headroom"
+
+/// Bytes per token assumed by the estimator (English text under BPE vocabularies).
+const EST_BYTES_PER_TOKEN: usize = 4;
+
+/// How a model's prompts are measured.
+#[derive(Clone)]
+pub enum Tokenizer {
+    /// A real BPE tokenizer.
+    Bpe(Arc<CoreBPE>),
+    /// Bytes / 4, with byte-chunk block hashing: cheap, approximate.
+    Estimate,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tokenizer::Bpe(_) => f.write_str("Tokenizer::Bpe"),
+            Tokenizer::Estimate => f.write_str("Tokenizer::Estimate"),
+        }
+    }
+}
+
+/// Errors naming a tokenizer.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("unknown tokenizer `{0}` (expected cl100k, o200k or estimate)")]
+    Unknown(String),
+    #[error("failed to load tokenizer `{0}`: {1}")]
+    Load(String, String),
+}
+
+static CL100K: OnceLock<Result<Arc<CoreBPE>, String>> = OnceLock::new();
+static O200K: OnceLock<Result<Arc<CoreBPE>, String>> = OnceLock::new();
+
+impl Tokenizer {
+    /// Builds a tokenizer by name; BPE tables are loaded once per process.
+    pub fn by_name(name: &str) -> Result<Self, TokenizerError> {
+        let load = |cell: &'static OnceLock<Result<Arc<CoreBPE>, String>>,
+                    f: fn() -> anyhow::Result<CoreBPE>| {
+            cell.get_or_init(|| f().map(Arc::new).map_err(|e| e.to_string()))
+                .clone()
+                .map(Tokenizer::Bpe)
+                .map_err(|e| TokenizerError::Load(name.to_string(), e))
+        };
+        match name {
+            "cl100k" | "cl100k_base" => load(&CL100K, tiktoken_rs::cl100k_base),
+            "o200k" | "o200k_base" => load(&O200K, tiktoken_rs::o200k_base),
+            "estimate" => Ok(Tokenizer::Estimate),
+            other => Err(TokenizerError::Unknown(other.to_string())),
+        }
+    }
+}
+
+/// What routing needs to know about a prompt.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PromptShape {
+    /// Prompt tokens (exact with a real tokenizer or token ids, estimated otherwise).
+    pub tokens: u32,
+    /// Chained hashes of the prompt's full prefix blocks, in order.
+    pub blocks: Vec<u64>,
+}
+
+/// Hashes `units` in chunks of `chunk` items into a chain, at most `max_blocks` blocks.
+fn chain<T: Copy>(
+    units: &[T],
+    chunk: usize,
+    max_blocks: usize,
+    as_bytes: impl Fn(&[T]) -> Vec<u8>,
+) -> Vec<u64> {
+    let mut out = Vec::with_capacity((units.len() / chunk.max(1)).min(max_blocks));
+    let mut parent = CHAIN_SEED;
+    for block in units.chunks_exact(chunk.max(1)).take(max_blocks) {
+        parent = xxh3_64_with_seed(&as_bytes(block), parent);
+        out.push(parent);
+    }
+    out
+}
+
+/// Shape of a prompt given as token ids.
+pub fn shape_of_ids(ids: &[u32], block_tokens: usize, max_blocks: usize) -> PromptShape {
+    PromptShape {
+        tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        blocks: chain(ids, block_tokens, max_blocks, |b| {
+            b.iter().flat_map(|t| t.to_le_bytes()).collect()
+        }),
+    }
+}
+
+/// Shape of a text prompt.
+pub fn shape_of_text(
+    tok: &Tokenizer,
+    text: &str,
+    block_tokens: usize,
+    max_blocks: usize,
+) -> PromptShape {
+    match tok {
+        Tokenizer::Bpe(bpe) => {
+            let ids = bpe.encode_ordinary(text);
+            shape_of_ids(&ids, block_tokens, max_blocks)
+        }
+        Tokenizer::Estimate => {
+            let bytes = text.as_bytes();
+            let tokens = bytes.len().div_ceil(EST_BYTES_PER_TOKEN);
+            PromptShape {
+                tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+                blocks: chain(
+                    bytes,
+                    block_tokens * EST_BYTES_PER_TOKEN,
+                    max_blocks,
+                    <[u8]>::to_vec,
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_prefix_gives_shared_leading_blocks() {
+        let t = Tokenizer::Estimate;
+        let base = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+        let a = shape_of_text(&t, &format!("{base}{}", "first question ".repeat(20)), 16, 1000);
+        let b = shape_of_text(&t, &format!("{base}{}", "second ask ".repeat(30)), 16, 1000);
+        let common = a.blocks.iter().zip(&b.blocks).take_while(|(x, y)| x == y).count();
+        assert!(common >= base.len() / 64 - 1, "common {common}");
+        assert!(common < a.blocks.len().max(b.blocks.len()));
+    }
+
+    #[test]
+    fn chain_means_a_different_start_changes_every_block() {
+        let a = shape_of_ids(&(0..64).collect::<Vec<_>>(), 16, 100);
+        let mut ids: Vec<u32> = (0..64).collect();
+        ids[0] = 999;
+        let b = shape_of_ids(&ids, 16, 100);
+        assert_eq!(a.blocks.len(), 4);
+        assert!(a.blocks.iter().zip(&b.blocks).all(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn bpe_counts_real_tokens() {
+        let t = Tokenizer::by_name("cl100k").unwrap();
+        let s = shape_of_text(&t, "hello world", 16, 10);
+        assert_eq!(s.tokens, 2);
+        assert!(Tokenizer::by_name("nope").is_err());
+    }
+
+    #[test]
+    fn max_blocks_caps_work() {
+        let ids: Vec<u32> = (0..10_000).collect();
+        assert_eq!(shape_of_ids(&ids, 16, 7).blocks.len(), 7);
+        assert_eq!(shape_of_ids(&ids, 16, 7).tokens, 10_000);
+    }
+}
