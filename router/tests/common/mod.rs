@@ -1,0 +1,245 @@
+//! Test support: an in-process mock replica with scriptable behaviour, and an
+//! in-process router node on an ephemeral loopback port.
+
+#![allow(dead_code)]
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst},
+    },
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    body::{Body, Bytes},
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use futures_util::{StreamExt, stream};
+use headroom::{
+    config::{ReplicaConfig, RouterConfig},
+    node::Node,
+    policy::PolicyName,
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// What the mock does with completion requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    Normal,
+    /// 500 before any byte.
+    Fail500,
+    /// Two content chunks, then the connection breaks.
+    DieMidStream,
+    /// Accepts and never answers.
+    Stall,
+}
+
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub behaviour: Arc<AtomicU32>,
+    pub hits: Arc<AtomicUsize>,
+    pub health_ok: Arc<AtomicU32>,
+    cancel: CancellationToken,
+}
+
+impl Mock {
+    pub fn set(&self, b: Behaviour) {
+        self.behaviour.store(b as u32, SeqCst);
+    }
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+#[derive(Clone)]
+struct MockState {
+    model: String,
+    behaviour: Arc<AtomicU32>,
+    hits: Arc<AtomicUsize>,
+    health_ok: Arc<AtomicU32>,
+}
+
+fn behaviour(s: &MockState) -> Behaviour {
+    match s.behaviour.load(SeqCst) {
+        1 => Behaviour::Fail500,
+        2 => Behaviour::DieMidStream,
+        3 => Behaviour::Stall,
+        _ => Behaviour::Normal,
+    }
+}
+
+/// The SSE body a vLLM-like server would send for `n` tokens.
+pub fn sse_events(chat: bool, n: usize, include_usage: bool) -> Vec<String> {
+    let usage_null = if include_usage { ",\"usage\":null" } else { "" };
+    let mut ev = Vec::new();
+    for i in 0..n {
+        let choice = if chat {
+            if i == 0 {
+                format!("{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"t{i}\"}},\"logprobs\":null,\"finish_reason\":null}}")
+            } else {
+                format!("{{\"index\":0,\"delta\":{{\"content\":\" t{i}\"}},\"logprobs\":null,\"finish_reason\":{}}}", if i + 1 == n { "\"length\"" } else { "null" })
+            }
+        } else {
+            format!("{{\"index\":0,\"text\":\" t{i}\",\"logprobs\":null,\"finish_reason\":{}}}", if i + 1 == n { "\"length\"" } else { "null" })
+        };
+        let obj = if chat { "chat.completion.chunk" } else { "text_completion" };
+        ev.push(format!("data: {{\"id\":\"x\",\"object\":\"{obj}\",\"created\":1,\"model\":\"m\",\"choices\":[{choice}]{usage_null}}}\n\n"));
+    }
+    if include_usage {
+        let obj = if chat { "chat.completion.chunk" } else { "text_completion" };
+        ev.push(format!("data: {{\"id\":\"x\",\"object\":\"{obj}\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"total_tokens\":{},\"completion_tokens\":{n}}}}}\n\n", n + 3));
+    }
+    ev.push("data: [DONE]\n\n".to_string());
+    ev
+}
+
+async fn complete(State(s): State<MockState>, chat: bool, body: Bytes) -> Response {
+    s.hits.fetch_add(1, SeqCst);
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(_) => return (StatusCode::BAD_REQUEST, "bad json").into_response(),
+    };
+    if v["model"] != s.model.as_str() {
+        return (StatusCode::NOT_FOUND, Json(json!({"error":{"message":"no such model","type":"NotFoundError","param":null,"code":404}}))).into_response();
+    }
+    let n = v["max_tokens"].as_u64().unwrap_or(4) as usize;
+    let stream_on = v["stream"].as_bool().unwrap_or(false);
+    let usage = v["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    match behaviour(&s) {
+        Behaviour::Fail500 => {
+            return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}))).into_response();
+        }
+        Behaviour::Stall => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        _ => {}
+    }
+    if !stream_on {
+        let body = if chat {
+            json!({"id":"x","object":"chat.completion","created":1,"model":s.model,"choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":n,"total_tokens":n+3}})
+        } else {
+            json!({"id":"x","object":"text_completion","created":1,"model":s.model,"choices":[{"index":0,"text":"hello","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":n,"total_tokens":n+3}})
+        };
+        return Json(body).into_response();
+    }
+    let mut items: Vec<Result<Bytes, std::io::Error>> =
+        sse_events(chat, n, usage).into_iter().map(|e| Ok(Bytes::from(e))).collect();
+    if behaviour(&s) == Behaviour::DieMidStream {
+        items.truncate(2);
+        items.push(Err(std::io::Error::other("replica died")));
+    }
+    let s = stream::iter(items).then(|x| async move {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        x
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(s))
+        .unwrap()
+}
+
+/// Starts a mock replica serving `model` on an ephemeral loopback port.
+pub async fn mock(model: &str) -> Mock {
+    let behaviour = Arc::new(AtomicU32::new(0));
+    let hits = Arc::new(AtomicUsize::new(0));
+    let health_ok = Arc::new(AtomicU32::new(1));
+    let st = MockState { model: model.into(), behaviour: behaviour.clone(), hits: hits.clone(), health_ok: health_ok.clone() };
+    let app = Router::new()
+        .route("/v1/completions", post(|s: State<MockState>, b: Bytes| complete(s, false, b)))
+        .route("/v1/chat/completions", post(|s: State<MockState>, b: Bytes| complete(s, true, b)))
+        .route(
+            "/v1/models",
+            get(|State(s): State<MockState>| async move {
+                Json(json!({"object":"list","data":[{"id":s.model,"object":"model","max_model_len":4096}]}))
+            }),
+        )
+        .route(
+            "/health",
+            get(|State(s): State<MockState>| async move {
+                if s.health_ok.load(SeqCst) == 1 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|| async { "vllm:num_requests_running{engine=\"0\"} 0\nvllm:num_requests_waiting{engine=\"0\"} 0\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n" }),
+        )
+        .with_state(st);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { c.cancelled().await }).await.ok();
+    });
+    Mock { addr, behaviour, hits, health_ok, cancel }
+}
+
+pub struct TestRouter {
+    pub addr: SocketAddr,
+    pub node: Arc<Node>,
+    cancel: CancellationToken,
+}
+
+impl TestRouter {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for TestRouter {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// A router in front of `replicas`, with fast health settings, ready when returned.
+pub async fn router(replicas: &[String], policy: PolicyName, tweak: impl FnOnce(&mut RouterConfig)) -> TestRouter {
+    let mut cfg = RouterConfig::default();
+    cfg.policy = policy;
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.health.probe_interval_ms = 50;
+    cfg.health.probe_timeout_ms = 200;
+    cfg.health.backoff_initial_ms = 300;
+    cfg.scrape.interval_ms = 50;
+    cfg.proxy.first_byte_timeout_ms = 2_000;
+    cfg.proxy.idle_timeout_ms = 2_000;
+    for r in replicas {
+        cfg.replicas.push(ReplicaConfig { url: r.clone(), name: None, class: None, region: None, max_batched_tokens: None });
+    }
+    tweak(&mut cfg);
+    let cancel = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start(cfg, cancel.child_token()).unwrap();
+    let n = node.clone();
+    let c = cancel.clone();
+    tokio::spawn(async move { headroom::server::serve(n, listener, c).await.ok() });
+    // Ready: every replica healthy and its models known.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = node.fleet.replicas();
+        if all.iter().all(|r| r.health.routable() && r.models.load().known) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "router never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    TestRouter { addr, node, cancel }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
+}
