@@ -25,22 +25,36 @@ impl ScoreQuantiles {
         Self { hi, mid, n: 0 }
     }
 
-    /// One fully observed score.
+    /// One fully observed score; the upper quantile moves on `miss` (normally s > hi, or
+    /// "the issued bound was exceeded" when this tracker produced the issued bound).
     #[inline]
-    pub fn update(&mut self, s: f64, alpha: f64, eta_hi: f64, eta_mid: f64) {
-        let miss = if s > self.hi { 1.0 } else { 0.0 };
-        self.hi = (self.hi + eta_hi * (miss - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
+    pub fn update_with(&mut self, s: f64, miss: bool, alpha: f64, eta_hi: f64, eta_mid: f64) {
+        let m = if miss { 1.0 } else { 0.0 };
+        self.hi = (self.hi + eta_hi * (m - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
         let above = if s > self.mid { 1.0 } else { 0.0 };
         self.mid = (self.mid + eta_mid * (above - 0.5)).clamp(-Q_LIMIT, Q_LIMIT);
         self.n += 1;
     }
 
-    /// A censored score: the true score is at least `s_lower`. Only the "above" outcomes are
-    /// known, so only those move the quantiles.
+    /// One fully observed score, plain quantile tracking.
     #[inline]
-    pub fn update_censored(&mut self, s_lower: f64, alpha: f64, eta_hi: f64, eta_mid: f64) {
+    pub fn update(&mut self, s: f64, alpha: f64, eta_hi: f64, eta_mid: f64) {
+        self.update_with(s, s > self.hi, alpha, eta_hi, eta_mid);
+    }
+
+    /// A censored score: the true score is at least `s_lower`, and `miss` says whether
+    /// that alone proves a miss. Only the known "above" outcomes move the quantiles.
+    #[inline]
+    pub fn update_censored_with(
+        &mut self,
+        s_lower: f64,
+        miss: bool,
+        alpha: f64,
+        eta_hi: f64,
+        eta_mid: f64,
+    ) {
         let mut informative = false;
-        if s_lower > self.hi {
+        if miss {
             self.hi = (self.hi + eta_hi * (1.0 - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
             informative = true;
         }
@@ -51,6 +65,12 @@ impl ScoreQuantiles {
         if informative {
             self.n += 1;
         }
+    }
+
+    /// A censored score with plain quantile tracking.
+    #[inline]
+    pub fn update_censored(&mut self, s_lower: f64, alpha: f64, eta_hi: f64, eta_mid: f64) {
+        self.update_censored_with(s_lower, s_lower > self.hi, alpha, eta_hi, eta_mid);
     }
 
     /// Log-spread σ such that a lognormal through (mid, hi) puts `z_hi` σ between them.

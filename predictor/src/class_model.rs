@@ -17,14 +17,17 @@ pub(crate) struct ErrTrack {
     pub abs_ms: f64,
     /// EWMA of |log(y/ŷ)|.
     pub log: f64,
+    /// Fast EWMA of |log(y/ŷ)| (the guard's "recent" error).
+    pub recent_log: f64,
     pub n: u64,
 }
 
 impl ErrTrack {
     #[inline]
-    pub fn update(&mut self, abs_ms: f64, log_abs: f64, rate: f64) {
+    pub fn update(&mut self, abs_ms: f64, log_abs: f64, rate: f64, fast_rate: f64) {
         self.abs_ms = ewma(self.abs_ms, abs_ms, rate, self.n);
         self.log = ewma(self.log, log_abs, rate, self.n);
+        self.recent_log = ewma(self.recent_log, log_abs, fast_rate, self.n);
         self.n += 1;
     }
 }

@@ -38,16 +38,23 @@ pub struct DriftConfig {
     pub boost: f64,
     /// How long an alarm stays active (seconds).
     pub boost_s: f64,
+    /// Floor on σ̂ (log units): shifts well below this are not worth an alarm, however
+    /// tight the replica's residuals are.
+    pub min_sigma: f64,
+    /// Labels a replica needs before its detector is armed (its σ̂ must have settled).
+    pub min_labels: u64,
 }
 
 impl Default for DriftConfig {
     fn default() -> Self {
         Self {
-            tolerance_sigmas: 0.5,
-            threshold_sigmas: 8.0,
+            tolerance_sigmas: 1.0,
+            threshold_sigmas: 10.0,
             mean_rate: 0.02,
             boost: 4.0,
             boost_s: 60.0,
+            min_sigma: 0.1,
+            min_labels: 50,
         }
     }
 }
@@ -111,9 +118,13 @@ pub struct PredictorConfig {
     pub coverage_collapse: f64,
     /// Bound factor U/μ while nothing calibrated is available.
     pub cold_upper_factor: f64,
-    /// When the recent absolute error exceeds a prediction's headroom U−μ, the bound is
-    /// widened to μ + guard_factor·error.
+    /// Recent-error guard: when the replica's recent relative error e (fast EWMA of
+    /// |log(y/ŷ)|) exceeds a prediction's relative headroom log(U/μ) — i.e. its recent
+    /// absolute error scaled to this prediction exceeds U − μ — the bound is widened to
+    /// μ·exp(guard_factor·e).
     pub guard_factor: f64,
+    /// EWMA rate (per label) of the guard's recent error: ≈ the last 1/rate labels.
+    pub guard_rate: f64,
     /// Peer slots whose export is older than this are dropped (seconds).
     pub peer_max_age_s: f64,
     pub drift: DriftConfig,
@@ -147,7 +158,8 @@ impl Default for PredictorConfig {
             ewma_rate: 0.05,
             coverage_collapse: 0.25,
             cold_upper_factor: 3.0,
-            guard_factor: 2.0,
+            guard_factor: 1.5,
+            guard_rate: 0.2,
             peer_max_age_s: 1800.0,
             drift: DriftConfig::default(),
             generic_prior_kappa: 1.0,
@@ -306,6 +318,7 @@ impl PredictorConfig {
         keep_if!(coverage_collapse, unit_open);
         keep_if!(cold_upper_factor, |v: f64| v.is_finite() && v > 1.0);
         keep_if!(guard_factor, |v: f64| v.is_finite() && v >= 1.0);
+        keep_if!(guard_rate, unit_open);
         keep_if!(peer_max_age_s, positive);
         keep_if!(generic_prior_kappa, |v: f64| v.is_finite() && v >= 0.0);
         if !(positive(c.landmark_interval_s) && c.landmark_interval_s <= 20.0 * c.tau_s) {
@@ -327,6 +340,9 @@ impl PredictorConfig {
         }
         if !(dr.boost_s.is_finite() && dr.boost_s >= 0.0) {
             dr.boost_s = dd.boost_s;
+        }
+        if !positive(dr.min_sigma) {
+            dr.min_sigma = dd.min_sigma;
         }
         c.priors.retain(|pr| {
             pr.ttft_theta.len() == TTFT_DIM

@@ -76,6 +76,7 @@ pub(crate) struct Knobs {
     pub stale_after_s: f64,
     pub coverage_collapse: f64,
     pub guard_factor: f64,
+    pub guard_rate: f64,
     pub ttft_correction: bool,
     pub tpot_correction: CorrectionMode,
     pub drift: DriftConfig,
@@ -100,6 +101,7 @@ impl Knobs {
             stale_after_s: c.stale_after_s,
             coverage_collapse: c.coverage_collapse,
             guard_factor: c.guard_factor,
+            guard_rate: c.guard_rate,
             ttft_correction: c.ttft_correction,
             tpot_correction: c.tpot_correction,
             drift: c.drift,
@@ -202,28 +204,23 @@ impl Knobs {
     ) -> (TargetParams<D>, BoundSource) {
         let cs = self.class_state(model, class_err, now_s);
         let (q, src) = self.backoff(rt.map(|r| &r.q), class_q, global_q);
-        let (mult, abs_err, state) = match rt {
+        let recent = |e: &ErrTrack| {
+            if e.n >= GUARD_MIN_LABELS {
+                (e.abs_ms, e.recent_log)
+            } else {
+                (0.0, 0.0)
+            }
+        };
+        let (mult, (abs_err, recent_log), state) = match rt {
             Some(r) => {
                 let mult = if self.correction_applies(target, r) {
                     r.merged_correction(self.solve.tau_s).exp()
                 } else {
                     1.0
                 };
-                let abs = if r.err.n >= GUARD_MIN_LABELS {
-                    r.err.abs_ms
-                } else {
-                    0.0
-                };
-                (mult, abs, self.replica_state(cs, r, now_s))
+                (mult, recent(&r.err), self.replica_state(cs, r, now_s))
             }
-            None => {
-                let abs = if class_err.n >= GUARD_MIN_LABELS {
-                    class_err.abs_ms
-                } else {
-                    0.0
-                };
-                (1.0, abs, cs)
-            }
+            None => (1.0, recent(class_err), cs),
         };
         let mut hi = q.hi;
         if !model.solved {
@@ -239,6 +236,7 @@ impl Knobs {
                 median_mult: q.mid.exp(),
                 log_sigma: qq.sigma(self.z_hi),
                 abs_err_ms: abs_err,
+                recent_log_err: recent_log,
                 state,
             },
             src,
@@ -697,16 +695,23 @@ fn learn_target<const D: usize>(
     let (mu, upper) = match issued {
         Some((m, u)) if m.is_finite() && m > 0.0 && u.is_finite() => (m, u),
         _ => {
+            // Recompute what a snapshot would have issued (including the guard).
             let mu = if k.correction_applies(target, rt) {
                 mu_class * c_merged.exp()
             } else {
                 mu_class
             };
             let (q, _) = k.backoff(Some(&rt.q), class_q, global_q);
-            (mu, mu * q.hi.exp())
+            let mut u = mu * q.hi.exp().max(1.0);
+            if rt.err.n >= GUARD_MIN_LABELS && rt.err.recent_log > q.hi.max(0.0) {
+                u = u.max(mu * (k.guard_factor * rt.err.recent_log).exp());
+            }
+            (mu, u)
         }
     };
     let s = (y / mu).ln();
+    // Plain quantile tracking of the score at every level, so q stays a clean quantile
+    // estimate; the guard only ever adds margin on top of it.
     if censored {
         rt.q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
         class_q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
@@ -720,8 +725,9 @@ fn learn_target<const D: usize>(
     class_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     global_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     rt.record_coverage(y <= upper, k.ewma_rate);
-    rt.err.update((y - mu).abs(), s.abs(), k.ewma_rate);
-    class_err.update((y - mu).abs(), s.abs(), k.ewma_rate);
+    rt.err
+        .update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
+    class_err.update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
 
     // Drift: residual against the corrected class model, whether or not it is applied.
     let r_class = (y / mu_class).ln();

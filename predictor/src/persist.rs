@@ -121,7 +121,8 @@ fn check_params<const D: usize>(p: &TargetParams<D>) -> Result<(), PersistError>
             && p.upper_mult > 0.0
             && p.median_mult > 0.0
             && p.log_sigma > 0.0
-            && p.abs_err_ms >= 0.0,
+            && p.abs_err_ms >= 0.0
+            && p.recent_log_err >= 0.0,
         "non-finite or non-positive prediction parameters",
     )
 }
@@ -199,8 +200,14 @@ fn quant_ok(q: &ScoreQuantiles) -> bool {
 }
 
 fn track_ok(t: &TargetTrack) -> bool {
-    finite(&[t.corr, t.corr_w, t.coverage, t.err.abs_ms, t.err.log])
-        && quant_ok(&t.q)
+    finite(&[
+        t.corr,
+        t.corr_w,
+        t.coverage,
+        t.err.abs_ms,
+        t.err.log,
+        t.err.recent_log,
+    ]) && quant_ok(&t.q)
         && !t.boost_until_s.is_nan()
         && !t.corr_landmark.is_nan()
 }

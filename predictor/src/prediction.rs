@@ -120,8 +120,10 @@ pub struct TargetParams<const D: usize> {
     /// exp(tracked median log quantile).
     pub median_mult: f64,
     pub log_sigma: f64,
-    /// Recent mean absolute error (ms), 0 if unknown; feeds the guard.
+    /// Recent mean absolute error (ms), 0 if unknown (reported).
     pub abs_err_ms: f64,
+    /// Fast EWMA of |log(y/ŷ)| (0 if unknown); feeds the guard.
+    pub recent_log_err: f64,
     pub state: ModelState,
 }
 
@@ -136,8 +138,8 @@ pub(crate) struct Evaluated {
 }
 
 impl<const D: usize> TargetParams<D> {
-    /// μ = max(θ·x, floor)·e^c, U = μ·e^q, widened by the guard when the recent absolute
-    /// error exceeds the headroom U − μ.
+    /// μ = max(θ·x, floor)·e^c, U = μ·e^q, widened by the guard when the recent error
+    /// scaled to this prediction, μ·(e^err − 1), exceeds the headroom U − μ.
     #[inline(always)]
     pub(crate) fn eval(
         &self,
@@ -150,9 +152,9 @@ impl<const D: usize> TargetParams<D> {
         let mut upper = mu * self.upper_mult.max(1.0);
         let median = mu * self.median_mult;
         let mut sigma = self.log_sigma;
-        let guarded = self.abs_err_ms > upper - mu;
+        let guarded = self.recent_log_err > self.upper_mult.max(1.0).ln();
         if guarded {
-            upper = upper.max(mu + guard_factor * self.abs_err_ms);
+            upper = upper.max(mu * (guard_factor * self.recent_log_err).exp());
             sigma = sigma.max((upper / median).ln() / z_hi);
         }
         Evaluated {
@@ -191,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn guard_widens_only_when_recent_error_exceeds_headroom() {
+    fn guard_widens_only_when_recent_error_exceeds_the_headroom() {
         let tp = TargetParams::<2> {
             theta: [10.0, 1.0],
             mult: 1.0,
@@ -199,14 +201,19 @@ mod tests {
             median_mult: 1.0,
             log_sigma: 0.3,
             abs_err_ms: 30.0,
+            recent_log_err: 0.3,
             state: ModelState::Warm,
         };
         let z = crate::normal::normal_quantile(0.9);
-        let small = tp.eval(&[1.0, 10.0], 1.0, 2.0, z); // μ 20, headroom 10 < 30
-        assert!(small.guarded);
-        assert_eq!(small.upper, 80.0);
-        let big = tp.eval(&[1.0, 190.0], 1.0, 2.0, z); // μ 200, headroom 100 > 30
-        assert!(!big.guarded);
-        assert_eq!(big.upper, 300.0);
+        let calm = tp.eval(&[1.0, 10.0], 1.0, 2.0, z); // headroom ln 1.5 = 0.405 > 0.3
+        assert!(!calm.guarded);
+        assert_eq!(calm.upper, 30.0);
+        let rough = TargetParams {
+            recent_log_err: 0.6,
+            ..tp
+        }
+        .eval(&[1.0, 10.0], 1.0, 2.0, z);
+        assert!(rough.guarded);
+        assert!((rough.upper - 20.0 * 1.2f64.exp()).abs() < 1e-9);
     }
 }

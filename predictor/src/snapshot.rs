@@ -252,6 +252,7 @@ impl Snapshot {
                     median_mult: 1.0,
                     log_sigma: s,
                     abs_err_ms: 0.0,
+                    recent_log_err: 0.0,
                     state: ModelState::Cold,
                 },
                 tpot: TargetParams {
@@ -261,6 +262,7 @@ impl Snapshot {
                     median_mult: 1.0,
                     log_sigma: s,
                     abs_err_ms: 0.0,
+                    recent_log_err: 0.0,
                     state: ModelState::Cold,
                 },
             }
