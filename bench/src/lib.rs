@@ -1,1 +1,3 @@
 //! Engine model, replica emulator, fleet simulator and workloads.
+
+pub mod engine;

@@ -1,0 +1,99 @@
+//! Cost of one `Engine::step()` under a loaded batch, so the simulator's budget is
+//! known. Each finished request is replaced at once, so the load stays constant.
+//!
+//! Run: `cargo bench -p headroom-bench --bench engine_step`
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use headroom_bench::engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids};
+
+struct Load {
+    engine: Engine,
+    next_id: u64,
+    prompt: u32,
+    output: u32,
+    groups: u64,
+}
+
+impl Load {
+    fn new(profile: &str, running: u64, prompt: u32, output: u32, groups: u64) -> Load {
+        let p = Profile::by_name(profile).expect("profile");
+        let mut l = Load {
+            engine: Engine::new(&p, 1).expect("engine"),
+            next_id: 0,
+            prompt,
+            output,
+            groups,
+        };
+        for _ in 0..running {
+            l.submit();
+        }
+        // Warm up past the initial prefill wave.
+        for _ in 0..2_000 {
+            l.step();
+        }
+        l
+    }
+
+    fn submit(&mut self) {
+        let id = self.next_id;
+        self.next_id += 1;
+        // Requests in the same group share a 2-id (1024-token) prefix, like a chat.
+        let ids: Vec<u64> = (0..self.prompt.div_ceil(512) as u64)
+            .map(|i| {
+                if i < 2 {
+                    (id % self.groups) * 1000 + i
+                } else {
+                    id * 1000 + i
+                }
+            })
+            .collect();
+        let hashes = block_hashes_for_hash_ids(&ids, self.prompt, 512, 16, 0).expect("hashes");
+        // Stagger lengths so finishes spread over steps.
+        let out = self.output / 2 + (id as u32 * 7919) % self.output;
+        self.engine
+            .submit(EngineRequest::new(id, self.prompt, hashes, out))
+            .expect("submit");
+    }
+
+    fn step(&mut self) {
+        self.engine.step();
+        let finished = self
+            .engine
+            .events()
+            .iter()
+            .filter(|e| matches!(e, Event::Finished { .. }))
+            .count();
+        for _ in 0..finished {
+            self.submit();
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine_step");
+    g.throughput(Throughput::Elements(1));
+    for (name, profile, running, prompt, output) in [
+        (
+            "h100_decode_256x2k",
+            "h100-llama3-8b",
+            256u64,
+            2_000u32,
+            400u32,
+        ),
+        (
+            "h100_mooncake_like_32x12k",
+            "h100-llama3-8b",
+            32,
+            12_000,
+            343,
+        ),
+        ("a100_sharegpt_like_64x900", "a100-llama3-8b", 64, 900, 650),
+    ] {
+        let mut load = Load::new(profile, running, prompt, output, 8);
+        g.bench_function(name, |b| b.iter(|| load.step()));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
