@@ -1,0 +1,485 @@
+//! The QUIC transport under chitchat: one quinn endpoint per node, mutual TLS, one
+//! uni-stream per gossip message, datagrams for the fast path.
+//!
+//! Invariants:
+//! - Nothing here blocks the chitchat loop: `Socket::send` frames the message and hands it
+//!   to a per-peer bounded queue (`try_send`; full ⇒ dropped and counted).
+//! - One connection per peer address is cached (inbound or outbound, whichever exists) and
+//!   re-established lazily by that peer's link task; failed dials back off.
+//! - A peer is served only after mTLS succeeded; its identity is its certificate's node id.
+//!   A gossip frame's claimed sender address must stay fixed per connection, must not
+//!   belong to another live member, and (Syn/SynAck) must appear in the sender's own
+//!   digest under the certificate's node id. Violations count as `rejected_peers`.
+//! - Every task is tracked and stops on the shared cancellation token.
+
+pub(crate) mod frame;
+pub(crate) mod socket;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use chitchat::{ChitchatMessage, Deserializable};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use crate::events::{EventHub, MeshEvent};
+use crate::fault::FaultInjector;
+use crate::stats::Counters;
+use crate::tls::{SEED_SERVER_NAME, peer_node_id};
+use crate::wire;
+use frame::Channel;
+
+/// Largest datagram payload the mesh will send: quinn's guaranteed minimum
+/// (1 200-byte initial MTU − 38 bytes of QUIC overhead).
+pub const MAX_DATAGRAM_PAYLOAD: usize = 1162;
+/// A link task with nothing to send for this long exits (re-created on demand).
+const LINK_IDLE: Duration = Duration::from_secs(60);
+
+pub(crate) enum Outgoing {
+    Frame(Bytes),
+    Datagram(Bytes),
+}
+
+/// Address → node id of live members, one map per cluster, refreshed by the observers.
+pub(crate) type KnownPeers = ArcSwap<HashMap<SocketAddr, Arc<str>>>;
+
+pub(crate) struct TransportSettings {
+    pub connect_timeout: Duration,
+    pub send_queue: usize,
+    pub inbound_queue: usize,
+    pub max_value_bytes: usize,
+}
+
+pub(crate) struct Transport {
+    pub endpoint: quinn::Endpoint,
+    pub advertise: SocketAddr,
+    pub counters: Arc<Counters>,
+    pub hub: Arc<EventHub>,
+    pub known: [Arc<KnownPeers>; 2],
+    pub fault: Option<FaultInjector>,
+    pub cancel: CancellationToken,
+    pub tracker: TaskTracker,
+    settings: TransportSettings,
+    inbound: [mpsc::Sender<(SocketAddr, ChitchatMessage)>; 2],
+    links: Mutex<HashMap<SocketAddr, mpsc::Sender<Outgoing>>>,
+    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    live_conns: Mutex<HashMap<usize, quinn::Connection>>,
+    backoff: Mutex<HashMap<SocketAddr, Instant>>,
+}
+
+/// What a connection's serving task knows about its peer.
+struct PeerCtx {
+    node_id: Arc<str>,
+    bound_addr: Option<SocketAddr>,
+}
+
+impl Transport {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        advertise: SocketAddr,
+        counters: Arc<Counters>,
+        hub: Arc<EventHub>,
+        fault: Option<FaultInjector>,
+        cancel: CancellationToken,
+        tracker: TaskTracker,
+        settings: TransportSettings,
+    ) -> (
+        Arc<Self>,
+        [mpsc::Receiver<(SocketAddr, ChitchatMessage)>; 2],
+    ) {
+        let (tx0, rx0) = mpsc::channel(settings.inbound_queue);
+        let (tx1, rx1) = mpsc::channel(settings.inbound_queue);
+        let t = Arc::new(Self {
+            endpoint,
+            advertise,
+            counters,
+            hub,
+            known: [Arc::default(), Arc::default()],
+            fault,
+            cancel,
+            tracker,
+            settings,
+            inbound: [tx0, tx1],
+            links: Mutex::new(HashMap::new()),
+            conns: Mutex::new(HashMap::new()),
+            live_conns: Mutex::new(HashMap::new()),
+            backoff: Mutex::new(HashMap::new()),
+        });
+        (t, [rx0, rx1])
+    }
+
+    fn blocked(&self, peer: SocketAddr) -> bool {
+        let b = self
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.blocked(self.advertise, peer));
+        if b {
+            Counters::add(&self.counters.fault_dropped, 1);
+        }
+        b
+    }
+
+    fn known_id(&self, addr: &SocketAddr) -> Option<Arc<str>> {
+        self.known.iter().find_map(|k| k.load().get(addr).cloned())
+    }
+
+    /// Queues `msg` for `to` without waiting. Drops (and counts) if the peer's queue is full.
+    pub fn enqueue(self: &Arc<Self>, to: SocketAddr, msg: Outgoing) {
+        if self.blocked(to) || self.cancel.is_cancelled() {
+            return;
+        }
+        let mut links = self.links.lock();
+        let mut msg = msg;
+        for _ in 0..2 {
+            let tx = links
+                .entry(to)
+                .or_insert_with(|| self.spawn_link(to))
+                .clone();
+            match tx.try_send(msg) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    Counters::add(&self.counters.dropped_messages, 1);
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(m)) => {
+                    // The link went idle and exited: start a fresh one.
+                    links.remove(&to);
+                    msg = m;
+                }
+            }
+        }
+        Counters::add(&self.counters.dropped_messages, 1);
+    }
+
+    fn spawn_link(self: &Arc<Self>, to: SocketAddr) -> mpsc::Sender<Outgoing> {
+        let (tx, mut rx) = mpsc::channel::<Outgoing>(self.settings.send_queue);
+        let t = self.clone();
+        self.tracker.spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = t.cancel.cancelled() => break,
+                    n = tokio::time::timeout(LINK_IDLE, rx.recv()) => n,
+                };
+                let msg = match next {
+                    Ok(Some(m)) => m,
+                    Ok(None) | Err(_) => break,
+                };
+                t.deliver(to, msg).await;
+            }
+        });
+        tx
+    }
+
+    async fn deliver(self: &Arc<Self>, to: SocketAddr, msg: Outgoing) {
+        let Some(conn) = self.connection(to).await else {
+            Counters::add(&self.counters.dropped_messages, 1);
+            return;
+        };
+        match msg {
+            Outgoing::Frame(bytes) => {
+                let len = bytes.len() as u64;
+                let send = async {
+                    let mut s = conn.open_uni().await.ok()?;
+                    s.write_all(&bytes).await.ok()?;
+                    s.finish().ok()
+                };
+                match tokio::time::timeout(self.settings.connect_timeout, send).await {
+                    Ok(Some(())) => {
+                        Counters::add(&self.counters.messages_sent, 1);
+                        Counters::add(&self.counters.bytes_sent, len);
+                    }
+                    _ => {
+                        Counters::add(&self.counters.dropped_messages, 1);
+                        self.forget(to, &conn);
+                    }
+                }
+            }
+            Outgoing::Datagram(bytes) => {
+                let len = bytes.len() as u64;
+                match conn.send_datagram(bytes) {
+                    Ok(()) => {
+                        Counters::add(&self.counters.datagrams_sent, 1);
+                        Counters::add(&self.counters.datagram_bytes_sent, len);
+                    }
+                    Err(e) => {
+                        debug!(peer = %to, error = %e, "datagram not sent");
+                        Counters::add(&self.counters.dropped_messages, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn forget(&self, addr: SocketAddr, conn: &quinn::Connection) {
+        let mut conns = self.conns.lock();
+        if conns
+            .get(&addr)
+            .is_some_and(|c| c.stable_id() == conn.stable_id())
+        {
+            conns.remove(&addr);
+        }
+    }
+
+    /// The cached connection to `to`, or a new one (dialled with the member's node id as
+    /// TLS server name when known). `None` while backing off after a failed dial.
+    async fn connection(self: &Arc<Self>, to: SocketAddr) -> Option<quinn::Connection> {
+        if let Some(c) = self.conns.lock().get(&to)
+            && c.close_reason().is_none()
+        {
+            return Some(c.clone());
+        }
+        if self
+            .backoff
+            .lock()
+            .get(&to)
+            .is_some_and(|until| Instant::now() < *until)
+        {
+            return None;
+        }
+        let expected = self.known_id(&to);
+        let name = expected.as_deref().unwrap_or(SEED_SERVER_NAME).to_string();
+        let attempt = async {
+            let connecting = self
+                .endpoint
+                .connect(to, &name)
+                .map_err(|e| e.to_string())?;
+            connecting.await.map_err(|e| {
+                if is_tls_rejection(&e) {
+                    Counters::add(&self.counters.rejected_peers, 1);
+                }
+                e.to_string()
+            })
+        };
+        let res = tokio::time::timeout(self.settings.connect_timeout, attempt).await;
+        let conn = match res {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return self.dial_failed(to, &e),
+            Err(_) => return self.dial_failed(to, "timed out"),
+        };
+        let Some(peer) = peer_node_id(&conn) else {
+            conn.close(1u32.into(), b"no identity");
+            Counters::add(&self.counters.rejected_peers, 1);
+            return self.dial_failed(to, "peer certificate names no node");
+        };
+        if expected.as_deref().is_some_and(|e| e != peer) {
+            // rustls already checked the name; this guards the seed path too.
+            conn.close(1u32.into(), b"identity mismatch");
+            Counters::add(&self.counters.rejected_peers, 1);
+            return self.dial_failed(to, "identity mismatch");
+        }
+        self.backoff.lock().remove(&to);
+        Counters::add(&self.counters.connects, 1);
+        self.conns.lock().insert(to, conn.clone());
+        self.serve(
+            conn.clone(),
+            PeerCtx {
+                node_id: peer.into(),
+                bound_addr: Some(to),
+            },
+        );
+        Some(conn)
+    }
+
+    fn dial_failed(&self, to: SocketAddr, why: &str) -> Option<quinn::Connection> {
+        debug!(peer = %to, why, "dial failed");
+        Counters::add(&self.counters.connect_failures, 1);
+        self.backoff
+            .lock()
+            .insert(to, Instant::now() + self.settings.connect_timeout);
+        None
+    }
+
+    /// Accepts inbound connections until cancelled.
+    pub fn spawn_accept_loop(self: &Arc<Self>) {
+        let t = self.clone();
+        self.tracker.spawn(async move {
+            loop {
+                let incoming = tokio::select! {
+                    _ = t.cancel.cancelled() => break,
+                    i = t.endpoint.accept() => match i { Some(i) => i, None => break },
+                };
+                let t2 = t.clone();
+                t.tracker.spawn(async move {
+                    let hs = tokio::time::timeout(t2.settings.connect_timeout, incoming).await;
+                    let conn = match hs {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            if is_tls_rejection(&e) {
+                                Counters::add(&t2.counters.rejected_peers, 1);
+                            }
+                            debug!(error = %e, "inbound handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let Some(peer) = peer_node_id(&conn) else {
+                        Counters::add(&t2.counters.rejected_peers, 1);
+                        conn.close(1u32.into(), b"no identity");
+                        return;
+                    };
+                    Counters::add(&t2.counters.connects, 1);
+                    t2.serve(
+                        conn,
+                        PeerCtx {
+                            node_id: peer.into(),
+                            bound_addr: None,
+                        },
+                    );
+                });
+            }
+        });
+    }
+
+    /// Serves one connection: reads gossip frames and datagrams until it closes.
+    fn serve(self: &Arc<Self>, conn: quinn::Connection, mut ctx: PeerCtx) {
+        let t = self.clone();
+        self.live_conns
+            .lock()
+            .insert(conn.stable_id(), conn.clone());
+        self.tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = t.cancel.cancelled() => break,
+                    s = conn.accept_uni() => match s {
+                        Ok(mut recv) => {
+                            let limit = frame::HEADER_LEN + frame::MAX_PAYLOAD;
+                            let read = tokio::time::timeout(t.settings.connect_timeout, recv.read_to_end(limit)).await;
+                            match read {
+                                Ok(Ok(bytes)) => {
+                                    if !t.on_frame(&conn, &mut ctx, &bytes) {
+                                        conn.close(2u32.into(), b"identity violation");
+                                        break;
+                                    }
+                                }
+                                _ => Counters::add(&t.counters.rejected_frames, 1),
+                            }
+                        }
+                        Err(_) => break,
+                    },
+                    d = conn.read_datagram() => match d {
+                        Ok(bytes) => t.on_datagram(&conn, &ctx, &bytes),
+                        Err(_) => break,
+                    },
+                }
+            }
+            let s = conn.stats();
+            Counters::add(&t.counters.udp_bytes_sent_closed, s.udp_tx.bytes);
+            Counters::add(&t.counters.udp_bytes_received_closed, s.udp_rx.bytes);
+            t.live_conns.lock().remove(&conn.stable_id());
+            if let Some(a) = ctx.bound_addr {
+                t.forget(a, &conn);
+            }
+        });
+    }
+
+    /// Handles one gossip frame. Returns false if the peer broke an identity rule.
+    fn on_frame(&self, conn: &quinn::Connection, ctx: &mut PeerCtx, bytes: &[u8]) -> bool {
+        let Some(f) = frame::parse(bytes) else {
+            Counters::add(&self.counters.rejected_frames, 1);
+            return true;
+        };
+        if self.blocked(f.sender) {
+            return true;
+        }
+        // The claimed address is fixed per connection and must not be another member's.
+        if ctx.bound_addr.is_some_and(|a| a != f.sender)
+            || self.known_id(&f.sender).is_some_and(|id| id != ctx.node_id)
+        {
+            Counters::add(&self.counters.rejected_peers, 1);
+            return false;
+        }
+        if let Some(ids) = frame::digest_ids(f.payload)
+            && !ids
+                .iter()
+                .any(|id| *id.node_id == *ctx.node_id && id.gossip_advertise_addr == f.sender)
+        {
+            Counters::add(&self.counters.rejected_peers, 1);
+            return false;
+        }
+        let msg = match ChitchatMessage::deserialize(&mut &f.payload[..]) {
+            Ok(m) => m,
+            Err(_) => {
+                Counters::add(&self.counters.rejected_frames, 1);
+                return true;
+            }
+        };
+        if ctx.bound_addr.is_none() {
+            ctx.bound_addr = Some(f.sender);
+            // Reuse this inbound connection for replies unless one is already cached.
+            let mut conns = self.conns.lock();
+            let stale = conns
+                .get(&f.sender)
+                .is_none_or(|c| c.close_reason().is_some());
+            if stale {
+                conns.insert(f.sender, conn.clone());
+            }
+        }
+        Counters::add(&self.counters.messages_received, 1);
+        Counters::add(&self.counters.bytes_received, bytes.len() as u64);
+        if self.inbound[f.channel.index()]
+            .try_send((f.sender, msg))
+            .is_err()
+        {
+            Counters::add(&self.counters.dropped_messages, 1);
+        }
+        true
+    }
+
+    fn on_datagram(&self, conn: &quinn::Connection, ctx: &PeerCtx, bytes: &Bytes) {
+        let from = ctx.bound_addr.unwrap_or_else(|| conn.remote_address());
+        if self.blocked(from) {
+            return;
+        }
+        Counters::add(&self.counters.datagrams_received, 1);
+        Counters::add(&self.counters.datagram_bytes_received, bytes.len() as u64);
+        let cap = self.settings.max_value_bytes.min(MAX_DATAGRAM_PAYLOAD);
+        match wire::decode(bytes, cap) {
+            Ok(d) => self.hub.emit(MeshEvent::Datagram {
+                node: ctx.node_id.clone(),
+                value: d.value,
+                age: crate::clock::age_since(d.published_at_ms),
+            }),
+            Err(r) => self.counters.reject(r),
+        }
+    }
+
+    /// UDP bytes (sent, received) of currently open connections.
+    pub fn live_udp_bytes(&self) -> (u64, u64) {
+        self.live_conns.lock().values().fold((0, 0), |(tx, rx), c| {
+            let s = c.stats();
+            (tx + s.udp_tx.bytes, rx + s.udp_rx.bytes)
+        })
+    }
+
+    /// Frames a chitchat message for `to` on `channel` and queues it.
+    pub fn send_message(self: &Arc<Self>, channel: Channel, to: SocketAddr, msg: &ChitchatMessage) {
+        use chitchat::Serializable;
+        let len = msg.serialized_len();
+        if len > frame::MAX_PAYLOAD {
+            Counters::add(&self.counters.dropped_messages, 1);
+            return;
+        }
+        let mut buf = Vec::with_capacity(frame::HEADER_LEN + len);
+        frame::write_header(&mut buf, channel, self.advertise, len);
+        msg.serialize(&mut buf);
+        self.enqueue(to, Outgoing::Frame(Bytes::from(buf)));
+    }
+}
+
+/// Whether a handshake failed because TLS refused a certificate (ours or theirs).
+fn is_tls_rejection(e: &quinn::ConnectionError) -> bool {
+    let crypto = |code: quinn::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
+    match e {
+        quinn::ConnectionError::TransportError(t) => crypto(t.code),
+        quinn::ConnectionError::ConnectionClosed(c) => crypto(c.error_code),
+        _ => false,
+    }
+}

@@ -1,0 +1,186 @@
+//! Versioned binary framing of [`WireValue`]s.
+//!
+//! Layout (little endian):
+//! ```text
+//! 0..2   magic "HR"
+//! 2..4   schema version (u16) — SCHEMA_VERSION
+//! 4      kind (WireKind)
+//! 5..8   reserved, zero
+//! 8..16  published_at_ms (u64): publisher's wall clock
+//! 16..   rkyv archive of the kind's struct
+//! ```
+//! Invariants: decoding never panics on any input; every failure maps to one
+//! [`RejectReason`]; the archive is validated with bytecheck (`rkyv::from_bytes`) on a
+//! 16-byte-aligned copy, because network buffers carry no alignment guarantee.
+//! Inside chitchat (whose values are strings) the frame travels as unpadded base64.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+use super::types::*;
+
+/// First two bytes of every encoded value.
+pub const MAGIC: [u8; 2] = *b"HR";
+/// Current schema version. Bump on any change to a wire struct; keep the N-1 decoder.
+pub const SCHEMA_VERSION: u16 = 1;
+/// Bytes before the archive.
+pub const HEADER_LEN: usize = 16;
+/// Upper bound for any configured value cap: a value plus a 300-node digest must fit
+/// one chitchat message (65 507 B) after base64, or that node's state stalls forever.
+pub const HARD_MAX_VALUE_BYTES: usize = 32 * 1024;
+
+/// Why a received value was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// Larger than the configured cap.
+    Oversized,
+    /// Not base64 (chitchat values only).
+    BadEncoding,
+    /// Shorter than the header or wrong magic.
+    BadMagic,
+    /// Unknown schema version.
+    BadVersion,
+    /// Unknown kind byte or non-zero reserved bytes.
+    BadKind,
+    /// The archive failed validation.
+    Malformed,
+    /// The archive is well-formed but breaks a semantic rule (caps, shapes, finiteness).
+    Invalid,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 7] = [
+        Self::Oversized,
+        Self::BadEncoding,
+        Self::BadMagic,
+        Self::BadVersion,
+        Self::BadKind,
+        Self::Malformed,
+        Self::Invalid,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Oversized => "oversized",
+            Self::BadEncoding => "bad_encoding",
+            Self::BadMagic => "bad_magic",
+            Self::BadVersion => "bad_version",
+            Self::BadKind => "bad_kind",
+            Self::Malformed => "malformed",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+/// A decoded value with the publisher's timestamp.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub value: WireValue,
+    pub published_at_ms: u64,
+}
+
+/// Encoding failures (local bugs or oversized values, never network input).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("value breaks a wire rule: {0}")]
+    Invalid(&'static str),
+    #[error("encoded value is {size} bytes, over the cap of {cap}")]
+    TooLarge { size: usize, cap: usize },
+    #[error("rkyv serialization failed: {0}")]
+    Archive(String),
+}
+
+/// Encodes `value` into a framed binary payload, refusing anything over `cap` bytes.
+pub fn encode(value: &WireValue, published_at_ms: u64, cap: usize) -> Result<Vec<u8>, EncodeError> {
+    value.validate().map_err(EncodeError::Invalid)?;
+    let archive = match value {
+        WireValue::NodeInfo(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::Inflight(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::Scrape(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::Prefix(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::Predictor(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::Summary(v) => rkyv::to_bytes::<rancor::Error>(v),
+    }
+    .map_err(|e| EncodeError::Archive(e.to_string()))?;
+    let size = HEADER_LEN + archive.len();
+    if size > cap {
+        return Err(EncodeError::TooLarge { size, cap });
+    }
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&SCHEMA_VERSION.to_le_bytes());
+    out.push(value.kind() as u8);
+    out.extend_from_slice(&[0, 0, 0]);
+    out.extend_from_slice(&published_at_ms.to_le_bytes());
+    out.extend_from_slice(&archive);
+    Ok(out)
+}
+
+/// Encodes for a chitchat value (base64 text).
+pub fn encode_text(
+    value: &WireValue,
+    published_at_ms: u64,
+    cap: usize,
+) -> Result<String, EncodeError> {
+    Ok(STANDARD_NO_PAD.encode(encode(value, published_at_ms, cap)?))
+}
+
+/// Decodes a framed binary payload. Never panics.
+pub fn decode(bytes: &[u8], cap: usize) -> Result<Decoded, RejectReason> {
+    if bytes.len() > cap {
+        return Err(RejectReason::Oversized);
+    }
+    if bytes.len() < HEADER_LEN || bytes[0..2] != MAGIC {
+        return Err(RejectReason::BadMagic);
+    }
+    let version = u16::from_le_bytes([bytes[2], bytes[3]]);
+    if version != SCHEMA_VERSION {
+        return Err(RejectReason::BadVersion);
+    }
+    let kind = WireKind::from_u8(bytes[4]).ok_or(RejectReason::BadKind)?;
+    if bytes[5..8] != [0, 0, 0] {
+        return Err(RejectReason::BadKind);
+    }
+    let mut ts = [0u8; 8];
+    ts.copy_from_slice(&bytes[8..16]);
+    let published_at_ms = u64::from_le_bytes(ts);
+    // The archive must sit on an aligned buffer for checked access.
+    let mut aligned: AlignedVec<16> = AlignedVec::with_capacity(bytes.len() - HEADER_LEN);
+    aligned.extend_from_slice(&bytes[HEADER_LEN..]);
+    let value = match kind {
+        WireKind::NodeInfo => from::<NodeInfo>(&aligned).map(WireValue::NodeInfo),
+        WireKind::Inflight => from::<InflightVector>(&aligned).map(WireValue::Inflight),
+        WireKind::Scrape => from::<ReplicaScrape>(&aligned).map(WireValue::Scrape),
+        WireKind::Prefix => from::<PrefixDelta>(&aligned).map(WireValue::Prefix),
+        WireKind::Predictor => from::<PredictorSlot>(&aligned).map(WireValue::Predictor),
+        WireKind::Summary => from::<RegionSummary>(&aligned).map(WireValue::Summary),
+    }?;
+    value.validate().map_err(|_| RejectReason::Invalid)?;
+    Ok(Decoded {
+        value,
+        published_at_ms,
+    })
+}
+
+/// Decodes a chitchat value (base64 text) whose binary form may be at most `cap` bytes.
+pub fn decode_text(text: &str, cap: usize) -> Result<Decoded, RejectReason> {
+    // 4 base64 chars per 3 bytes: reject before allocating anything large.
+    if text.len() > cap.div_ceil(3) * 4 {
+        return Err(RejectReason::Oversized);
+    }
+    let bytes = STANDARD_NO_PAD
+        .decode(text.as_bytes())
+        .map_err(|_| RejectReason::BadEncoding)?;
+    decode(&bytes, cap)
+}
+
+fn from<T>(bytes: &[u8]) -> Result<T, RejectReason>
+where
+    T: rkyv::Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    rkyv::from_bytes::<T, rancor::Error>(bytes).map_err(|_| RejectReason::Malformed)
+}

@@ -1,0 +1,163 @@
+//! Three or more nodes on loopback: membership converges, values spread, a killed node is
+//! removed and its values expire.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use headroom_gossip::{MeshEvent, Scope, WireValue};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_converge_and_share_values() {
+    let dir = certs(&["a", "b", "c"]);
+    let nodes = start_region(dir.path(), &["a", "b", "c"], "r1", None).await;
+    let mut rx_b = nodes[1].subscribe();
+    let mut rx_c = nodes[2].subscribe();
+
+    for (i, n) in nodes.iter().enumerate() {
+        let want: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, s)| s.to_string())
+            .collect();
+        eventually(&format!("{} sees the others", n.node_id()), || async {
+            live_peers(n).await == want
+        })
+        .await;
+    }
+
+    let v = inflight(7, 4);
+    nodes[0].publish("inflight", &v).await.unwrap();
+    for rx in [&mut rx_b, &mut rx_c] {
+        let ev = next_matching(
+            rx,
+            |e| matches!(e, MeshEvent::Value { key, .. } if key == "inflight"),
+        )
+        .await;
+        let MeshEvent::Value {
+            node, scope, value, ..
+        } = ev
+        else {
+            unreachable!()
+        };
+        assert_eq!(&*node, "a");
+        assert_eq!(scope, Scope::Region);
+        assert_eq!(value, v);
+    }
+    // The publisher's key shows up in everyone's member list.
+    eventually("b lists a's key", || async {
+        nodes[1]
+            .members()
+            .await
+            .iter()
+            .any(|m| &*m.node_id == "a" && m.keys == vec!["inflight".to_string()])
+    })
+    .await;
+    let s = nodes[1].stats();
+    assert!(
+        s.messages_received > 0 && s.bytes_received > 0 && s.udp_bytes_sent > 0,
+        "{s:?}"
+    );
+    assert_eq!(s.rejected_values, 0);
+    assert_eq!(s.rejected_peers, 0);
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_node_is_removed_and_its_values_expire() {
+    let dir = certs(&["a", "b", "c"]);
+    let mut nodes = start_region(dir.path(), &["a", "b", "c"], "r1", None).await;
+    for n in &nodes {
+        eventually("full membership", || async {
+            live_peers(n).await.len() == 2
+        })
+        .await;
+    }
+    let mut rx_a = nodes[0].subscribe();
+    nodes[2].publish("info", &summary_info()).await.unwrap();
+    next_matching(
+        &mut rx_a,
+        |e| matches!(e, MeshEvent::Value { node, .. } if &**node == "c"),
+    )
+    .await;
+
+    let c = nodes.pop().unwrap();
+    c.shutdown().await;
+
+    next_matching(
+        &mut rx_a,
+        |e| matches!(e, MeshEvent::MemberLeft { node, scope: Scope::Region } if &**node == "c"),
+    )
+    .await;
+    assert_eq!(live_peers(&nodes[0]).await, vec!["b".to_string()]);
+    // After the TTL (3 s here) the dead node's value is gone from every view.
+    eventually("c's key expired on a and b", || async {
+        let mut gone = true;
+        for n in &nodes {
+            gone &= !n
+                .members()
+                .await
+                .iter()
+                .any(|m| &*m.node_id == "c" && !m.keys.is_empty());
+        }
+        gone
+    })
+    .await;
+    // The survivors still gossip: a new value still arrives.
+    nodes[1].publish("inflight", &inflight(1, 1)).await.unwrap();
+    next_matching(
+        &mut rx_a,
+        |e| matches!(e, MeshEvent::Value { node, .. } if &**node == "b"),
+    )
+    .await;
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_key_is_reported_and_late_subscribers_get_a_replay() {
+    let dir = certs(&["a", "b", "c"]);
+    let nodes = start_region(dir.path(), &["a", "b", "c"], "r1", None).await;
+    let v = inflight(3, 2);
+    nodes[0].publish("inflight", &v).await.unwrap();
+    eventually("c has a's value", || async {
+        nodes[2]
+            .members()
+            .await
+            .iter()
+            .any(|m| &*m.node_id == "a" && !m.keys.is_empty())
+    })
+    .await;
+    // A subscriber that arrives late still learns the current state.
+    let mut rx = nodes[2].subscribe();
+    let ev = next_matching(
+        &mut rx,
+        |e| matches!(e, MeshEvent::Value { key, .. } if key == "inflight"),
+    )
+    .await;
+    assert!(matches!(ev, MeshEvent::Value { value, .. } if value == v));
+    nodes[0].remove("inflight").await;
+    next_matching(&mut rx, |e| matches!(e, MeshEvent::ValueRemoved { node, key, .. } if &**node == "a" && key == "inflight")).await;
+    // A value published and kept alive outlives the TTL thanks to the refresher.
+    nodes[1].publish("info", &summary_info()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        nodes[2]
+            .members()
+            .await
+            .iter()
+            .any(|m| &*m.node_id == "b" && m.keys == vec!["info".to_string()]),
+        "a refreshed value must survive its TTL"
+    );
+    shutdown_all(nodes).await;
+}
+
+fn summary_info() -> WireValue {
+    WireValue::NodeInfo(headroom_gossip::wire::NodeInfo {
+        region: "r1".into(),
+        http_addr: "127.0.0.1:8080".into(),
+        started_at_ms: 1,
+        version: "0.1.0".into(),
+    })
+}
