@@ -3,11 +3,17 @@
 //! Every knob has its default in the `Default` impl right next to its field, and the
 //! TOML file, the CLI and `headroom up` all start from `RouterConfig::default()`.
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use headroom_predictor::PredictorConfig;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::PolicyName;
+use crate::policy::{PolicyName, slo::SloConfig};
 
 /// Everything a router node needs to run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -36,6 +42,14 @@ pub struct RouterConfig {
     pub seed: u64,
     /// Attach the prediction and decision to response headers (`x-headroom-*`).
     pub prediction_headers: bool,
+    /// The `slo` policy's knobs.
+    pub slo: SloConfig,
+    /// The latency predictor's knobs.
+    pub predictor: PredictorConfig,
+    /// Warm-start the predictor from this file and save it there on shutdown.
+    pub predictor_state: Option<PathBuf>,
+    /// How often the trainer publishes a new predictor snapshot (ms).
+    pub predictor_publish_ms: u64,
 }
 
 impl Default for RouterConfig {
@@ -54,6 +68,10 @@ impl Default for RouterConfig {
             tenants: Vec::new(),
             seed: 0,
             prediction_headers: true,
+            slo: SloConfig::default(),
+            predictor: PredictorConfig::default(),
+            predictor_state: None,
+            predictor_publish_ms: 100,
         }
     }
 }
@@ -365,12 +383,21 @@ impl RouterConfig {
             return Err(ConfigError::Invalid("intervals must be > 0".into()));
         }
         if self.prefix.block_tokens == 0 {
-            return Err(ConfigError::Invalid("prefix.block_tokens must be > 0".into()));
+            return Err(ConfigError::Invalid(
+                "prefix.block_tokens must be > 0".into(),
+            ));
+        }
+        self.predictor
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("predictor: {e}")))?;
+        if self.predictor_publish_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "predictor_publish_ms must be > 0".into(),
+            ));
         }
         for t in &self.tenants {
             let ok = |x: f64| x.is_finite() && x > 0.0;
-            if !(ok(t.slo_ttft_ms) && ok(t.slo_tpot_ms) && ok(t.min_ttft_ms) && ok(t.min_tpot_ms))
-            {
+            if !(ok(t.slo_ttft_ms) && ok(t.slo_tpot_ms) && ok(t.min_ttft_ms) && ok(t.min_tpot_ms)) {
                 return Err(ConfigError::Invalid(format!(
                     "tenant `{}`: objectives must be positive and finite",
                     t.name

@@ -143,7 +143,9 @@ impl Ledger {
         self.queued_prefill_tokens.fetch_add(uncached, Relaxed);
         self.queued_attention_pairs.fetch_add(pairs, Relaxed);
         self.inflow.lock().add(u, now_s);
-        let slo_key = spec.tpot_slo_ms.map(|ms| ms.round().clamp(0.0, u32::MAX as f64) as u32);
+        let slo_key = spec
+            .tpot_slo_ms
+            .map(|ms| ms.round().clamp(0.0, u32::MAX as f64) as u32);
         if let Some(k) = slo_key {
             *self.tpot_slos.lock().entry(k).or_insert(0) += 1;
         }
@@ -274,7 +276,10 @@ mod tests {
         let mut b = l.book(spec(1000, 200, 100), 0.0);
         let s = l.load(0.0);
         assert_eq!(s.queued_prefill_tokens, 800.0);
-        assert_eq!(s.queued_attention_pairs, 800.0 * 200.0 + 800.0 * 800.0 / 2.0);
+        assert_eq!(
+            s.queued_attention_pairs,
+            800.0 * 200.0 + 800.0 * 800.0 / 2.0
+        );
         assert_eq!(s.min_tpot_slo_ms, Some(50.0));
         b.first_token();
         b.generated(10);
@@ -284,7 +289,13 @@ mod tests {
         assert_eq!(s.decode_context_tokens, 1010.0);
         assert_eq!(s.decode_remaining_tokens, 90.0);
         b.complete();
-        assert_eq!(l.load(0.0), Load { prefill_inflow_tps: l.load(0.0).prefill_inflow_tps, ..Load::default() });
+        assert_eq!(
+            l.load(0.0),
+            Load {
+                prefill_inflow_tps: l.load(0.0).prefill_inflow_tps,
+                ..Load::default()
+            }
+        );
         assert_eq!(l.completed(), 1);
     }
 

@@ -19,6 +19,7 @@ pub mod request;
 pub mod server;
 pub mod tenant;
 pub mod tokens;
+pub mod trainer;
 pub mod up;
 pub mod upstream;
 

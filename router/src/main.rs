@@ -13,7 +13,11 @@ use headroom::{
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "headroom", version, about = "SLO-aware router mesh for LLM inference")]
+#[command(
+    name = "headroom",
+    version,
+    about = "SLO-aware router mesh for LLM inference"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `headroom=debug`.
     #[arg(long, global = true, default_value = "info", env = "HEADROOM_LOG")]
@@ -84,10 +88,15 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
         cfg.listen = l;
     }
     for r in &a.replicas {
-        cfg.replicas.push(ReplicaConfig::parse_flag(r).map_err(anyhow::Error::msg)?);
+        cfg.replicas
+            .push(ReplicaConfig::parse_flag(r).map_err(anyhow::Error::msg)?);
     }
     if let Some(name) = a.replica_dns {
-        cfg.discovery = Some(headroom::config::DnsDiscovery { name, interval_ms: 5_000, class: None });
+        cfg.discovery = Some(headroom::config::DnsDiscovery {
+            name,
+            interval_ms: 5_000,
+            class: None,
+        });
     }
     if let Some(p) = a.policy {
         cfg.policy = p;
@@ -100,10 +109,15 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
     }
     for t in a.tokenizers {
         let (model, tok) = t.split_once('=').context("--tokenizer wants MODEL=NAME")?;
-        cfg.models.push(ModelConfig { name: model.into(), tokenizer: Some(tok.into()) });
+        cfg.models.push(ModelConfig {
+            name: model.into(),
+            tokenizer: Some(tok.into()),
+        });
     }
     if cfg.replicas.is_empty() && cfg.discovery.is_none() {
-        anyhow::bail!("no replicas: give --replica URL (repeatable), --replica-dns, or a --config file");
+        anyhow::bail!(
+            "no replicas: give --replica URL (repeatable), --replica-dns, or a --config file"
+        );
     }
     cfg.validate()?;
     Ok(cfg)
@@ -117,13 +131,14 @@ async fn serve(cfg: RouterConfig) -> anyhow::Result<()> {
     let node = Node::start(cfg, cancel.child_token())?;
     let stop = cancel.clone();
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::error!("cannot watch SIGTERM: {e}");
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!("cannot watch SIGTERM: {e}");
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},
@@ -141,7 +156,9 @@ async fn serve(cfg: RouterConfig) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match cli.cmd {

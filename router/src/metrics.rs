@@ -1,7 +1,8 @@
 //! The node's own Prometheus metrics (`/metrics`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Latency buckets (seconds) wide enough for TTFT of long prompts under load.
@@ -12,6 +13,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 const TPOT_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
 ];
+const REL_ERR_BUCKETS: &[f64] = &[0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0];
 const DECISION_BUCKETS: &[f64] = &[
     1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3,
 ];
@@ -30,6 +32,12 @@ pub struct Metrics {
     pub scrape_rejected: IntCounterVec,
     pub decision_seconds: HistogramVec,
     pub rejected: IntCounterVec,
+    pub fallbacks: IntCounterVec,
+    pub forecast_rel_error: HistogramVec,
+    pub forecast_abs_error: HistogramVec,
+    pub bound_covered: IntCounterVec,
+    pub predictor_learned: IntGauge,
+    pub predictor_dropped: IntGauge,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
@@ -49,21 +57,163 @@ impl Metrics {
                 .expect("static histogram options are valid")
         };
         let c = |name: &str, help: &str, labels: &[&str]| {
-            IntCounterVec::new(Opts::new(name, help), labels).expect("static counter options are valid")
+            IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("static counter options are valid")
         };
         Self {
-            requests: reg(&r, c("headroom_requests_total", "Requests by outcome.", &["model", "replica", "status"])),
-            ttft: reg(&r, h("headroom_ttft_seconds", "Time to first token, dispatch to first content chunk.", LATENCY_BUCKETS, &["model", "replica"])),
-            tpot: reg(&r, h("headroom_tpot_seconds", "Time per output token after the first.", TPOT_BUCKETS, &["model", "replica"])),
-            e2e: reg(&r, h("headroom_e2e_seconds", "Request time, arrival to last byte.", LATENCY_BUCKETS, &["model", "replica"])),
-            retries: reg(&r, c("headroom_retries_total", "Attempts moved to another replica before the first byte.", &["reason"])),
-            upstream_errors: reg(&r, c("headroom_upstream_errors_total", "Upstream failures by kind.", &["replica", "kind"])),
-            ejections: reg(&r, c("headroom_ejections_total", "Replicas ejected by health checks.", &["replica"])),
-            healthy: reg(&r, IntGaugeVec::new(Opts::new("headroom_replica_healthy", "1 when the replica takes traffic."), &["replica"]).expect("valid")),
-            scrape_errors: reg(&r, c("headroom_scrape_errors_total", "Failed metric scrapes.", &["replica", "kind"])),
-            scrape_rejected: reg(&r, c("headroom_scrape_rejected_values_total", "Nonsense metric values ignored.", &["replica"])),
-            decision_seconds: reg(&r, h("headroom_decision_seconds", "Time to choose a replica.", DECISION_BUCKETS, &["policy"])),
-            rejected: reg(&r, c("headroom_rejected_total", "Requests refused by the router.", &["reason"])),
+            requests: reg(
+                &r,
+                c(
+                    "headroom_requests_total",
+                    "Requests by outcome.",
+                    &["model", "replica", "status"],
+                ),
+            ),
+            ttft: reg(
+                &r,
+                h(
+                    "headroom_ttft_seconds",
+                    "Time to first token, dispatch to first content chunk.",
+                    LATENCY_BUCKETS,
+                    &["model", "replica"],
+                ),
+            ),
+            tpot: reg(
+                &r,
+                h(
+                    "headroom_tpot_seconds",
+                    "Time per output token after the first.",
+                    TPOT_BUCKETS,
+                    &["model", "replica"],
+                ),
+            ),
+            e2e: reg(
+                &r,
+                h(
+                    "headroom_e2e_seconds",
+                    "Request time, arrival to last byte.",
+                    LATENCY_BUCKETS,
+                    &["model", "replica"],
+                ),
+            ),
+            retries: reg(
+                &r,
+                c(
+                    "headroom_retries_total",
+                    "Attempts moved to another replica before the first byte.",
+                    &["reason"],
+                ),
+            ),
+            upstream_errors: reg(
+                &r,
+                c(
+                    "headroom_upstream_errors_total",
+                    "Upstream failures by kind.",
+                    &["replica", "kind"],
+                ),
+            ),
+            ejections: reg(
+                &r,
+                c(
+                    "headroom_ejections_total",
+                    "Replicas ejected by health checks.",
+                    &["replica"],
+                ),
+            ),
+            healthy: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "headroom_replica_healthy",
+                        "1 when the replica takes traffic.",
+                    ),
+                    &["replica"],
+                )
+                .expect("valid"),
+            ),
+            scrape_errors: reg(
+                &r,
+                c(
+                    "headroom_scrape_errors_total",
+                    "Failed metric scrapes.",
+                    &["replica", "kind"],
+                ),
+            ),
+            scrape_rejected: reg(
+                &r,
+                c(
+                    "headroom_scrape_rejected_values_total",
+                    "Nonsense metric values ignored.",
+                    &["replica"],
+                ),
+            ),
+            decision_seconds: reg(
+                &r,
+                h(
+                    "headroom_decision_seconds",
+                    "Time to choose a replica.",
+                    DECISION_BUCKETS,
+                    &["policy"],
+                ),
+            ),
+            rejected: reg(
+                &r,
+                c(
+                    "headroom_rejected_total",
+                    "Requests refused by the router.",
+                    &["reason"],
+                ),
+            ),
+            fallbacks: reg(
+                &r,
+                c(
+                    "headroom_fallback_total",
+                    "Decisions that fell back (cold model, nothing fits, deferral).",
+                    &["kind"],
+                ),
+            ),
+            forecast_rel_error: reg(
+                &r,
+                h(
+                    "headroom_forecast_relative_error",
+                    "|predicted − actual| / actual, per target.",
+                    REL_ERR_BUCKETS,
+                    &["target"],
+                ),
+            ),
+            forecast_abs_error: reg(
+                &r,
+                h(
+                    "headroom_forecast_absolute_error_seconds",
+                    "|predicted − actual|, per target.",
+                    TPOT_BUCKETS,
+                    &["target"],
+                ),
+            ),
+            bound_covered: reg(
+                &r,
+                c(
+                    "headroom_forecast_bound_total",
+                    "Outcomes inside (covered=true) or above the calibrated upper bound.",
+                    &["target", "covered"],
+                ),
+            ),
+            predictor_learned: reg(
+                &r,
+                IntGauge::new(
+                    "headroom_predictor_samples_learned",
+                    "Outcomes the predictor has learned from.",
+                )
+                .expect("valid"),
+            ),
+            predictor_dropped: reg(
+                &r,
+                IntGauge::new(
+                    "headroom_predictor_samples_dropped",
+                    "Outcomes dropped because the trainer queue was full.",
+                )
+                .expect("valid"),
+            ),
             registry: r,
         }
     }
@@ -85,13 +235,17 @@ impl Metrics {
         self.scrape_errors.with_label_values(&[replica, kind]).inc();
     }
     pub fn scrape_rejected_values(&self, replica: &str, n: u32) {
-        self.scrape_rejected.with_label_values(&[replica]).inc_by(n as u64);
+        self.scrape_rejected
+            .with_label_values(&[replica])
+            .inc_by(n as u64);
     }
     pub fn ejection(&self, replica: &str) {
         self.ejections.with_label_values(&[replica]).inc();
     }
     pub fn set_health(&self, replica: &str, healthy: bool) {
-        self.healthy.with_label_values(&[replica]).set(healthy as i64);
+        self.healthy
+            .with_label_values(&[replica])
+            .set(healthy as i64);
     }
 }
 
@@ -109,7 +263,9 @@ mod tests {
         m.requests.with_label_values(&["m", "r", "200"]).inc();
         m.ttft.with_label_values(&["m", "r"]).observe(0.1);
         let text = m.render();
-        assert!(text.contains("headroom_requests_total{model=\"m\",replica=\"r\",status=\"200\"} 1"));
+        assert!(
+            text.contains("headroom_requests_total{model=\"m\",replica=\"r\",status=\"200\"} 1")
+        );
         assert!(text.contains("headroom_ttft_seconds_bucket"));
     }
 }

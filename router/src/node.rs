@@ -3,6 +3,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use headroom_predictor::Sample;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +17,7 @@ use crate::{
     request::{ParsedRequest, PromptInput},
     tenant::Tenants,
     tokens::{self, PromptShape, Tokenizer},
+    trainer::Trainer,
     upstream,
 };
 
@@ -29,6 +31,9 @@ pub struct Node {
     pub policy: Box<dyn Policy>,
     pub metrics: Arc<Metrics>,
     pub tenants: Tenants,
+    pub trainer: Arc<Trainer>,
+    /// Requests currently deferred (bounded by `slo.max_deferred`).
+    pub deferred: std::sync::atomic::AtomicUsize,
     tokenizers: HashMap<String, Tokenizer>,
     /// Per model: EWMA of observed output tokens (requests that stopped on their own).
     output_mean: Mutex<HashMap<String, f64>>,
@@ -53,8 +58,16 @@ impl Node {
                 tokenizers.insert(m.name.clone(), Tokenizer::by_name(t)?);
             }
         }
-        let policy = build_policy(cfg.policy)?;
+        let trainer = Trainer::start(
+            cfg.predictor.clone(),
+            &cfg.node_id(),
+            std::time::Duration::from_millis(cfg.predictor_publish_ms),
+            cfg.predictor_state.clone(),
+        );
+        let policy = build_policy(cfg.policy, &trainer, &cfg)?;
         Ok(Arc::new(Node {
+            trainer,
+            deferred: Default::default(),
             tenants: Tenants::new(&cfg.tenants),
             cfg,
             fleet,
@@ -73,7 +86,10 @@ impl Node {
         match &req.prompt {
             PromptInput::Ids(ids) => tokens::shape_of_ids(ids, block, max_blocks),
             PromptInput::Text(t) => {
-                let tok = self.tokenizers.get(&req.model).unwrap_or(&Tokenizer::Estimate);
+                let tok = self
+                    .tokenizers
+                    .get(&req.model)
+                    .unwrap_or(&Tokenizer::Estimate);
                 let mut s = tokens::shape_of_text(tok, t, block, max_blocks);
                 // Chat templates add a few tokens per message.
                 s.tokens = s.tokens.saturating_add(4 * req.messages as u32);
@@ -100,8 +116,59 @@ impl Node {
         req.max_tokens.map_or(est, |m| m.min(est).max(1))
     }
 
+    /// Predicted against actual, and the sample for the trainer.
+    fn learn(&self, o: &Outcome) {
+        let Some(l) = o.learn else { return };
+        let m = &self.metrics;
+        let ttft_ms = o.ttft_s.map(|s| s * 1e3);
+        let tpot_ms = o.tpot_s.map(|s| s * 1e3);
+        let censored = o.status != OutcomeStatus::Ok;
+        if !censored {
+            for (target, actual, pred, upper) in [
+                (
+                    "ttft",
+                    ttft_ms,
+                    l.prediction.ttft_ms,
+                    l.prediction.ttft_upper_ms,
+                ),
+                (
+                    "tpot",
+                    tpot_ms,
+                    l.prediction.tpot_ms,
+                    l.prediction.tpot_upper_ms,
+                ),
+            ] {
+                let Some(y) = actual.filter(|y| *y > 0.0) else {
+                    continue;
+                };
+                m.forecast_rel_error
+                    .with_label_values(&[target])
+                    .observe((pred - y).abs() / y);
+                m.forecast_abs_error
+                    .with_label_values(&[target])
+                    .observe((pred - y).abs() / 1e3);
+                let covered = if y <= upper { "true" } else { "false" };
+                m.bound_covered.with_label_values(&[target, covered]).inc();
+            }
+        }
+        if ttft_ms.is_none() && tpot_ms.is_none() {
+            return;
+        }
+        self.trainer.submit(Sample {
+            key: l.key,
+            obs: l.obs,
+            at_s: crate::trainer::wall_s(),
+            ttft_ms,
+            tpot_ms,
+            output_tokens: o.output_tokens.unwrap_or(0),
+            censored,
+            predicted: Some(l.prediction),
+        });
+    }
+
     /// Records a finished request: metrics, health and learning.
     pub fn observe(&self, o: Outcome) {
+        self.learn(&o);
         let m = &self.metrics;
         let r = &o.replica.name;
         m.requests
@@ -138,12 +205,19 @@ impl Node {
 }
 
 /// Constructs a policy by name.
-pub fn build_policy(name: PolicyName) -> anyhow::Result<Box<dyn Policy>> {
+pub fn build_policy(
+    name: PolicyName,
+    trainer: &Trainer,
+    cfg: &RouterConfig,
+) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         PolicyName::RoundRobin => Box::new(policy::baselines::RoundRobin::default()),
         PolicyName::LeastRequest => Box::new(policy::baselines::LeastRequest),
         PolicyName::TokenLoad => Box::new(policy::baselines::TokenLoad),
         PolicyName::PrefixAffinity => Box::new(policy::baselines::PrefixAffinity::default()),
-        PolicyName::Slo => anyhow::bail!("the slo policy is not built yet; choose a baseline"),
+        PolicyName::Slo => Box::new(policy::slo::SloPolicy::new(
+            trainer.shared.clone(),
+            cfg.slo.clone(),
+        )),
     })
 }

@@ -96,7 +96,11 @@ impl PrefixIndex {
         let tick = self.clock.fetch_add(1, Relaxed);
         for (i, h) in blocks.iter().enumerate() {
             // Hits are touched at the current cursor; misses take fresh positions.
-            let seq = if i < matched { base } else { base + (i - matched) as u64 };
+            let seq = if i < matched {
+                base
+            } else {
+                base + (i - matched) as u64
+            };
             let mut shard = self.shards[shard_of(*h)].lock();
             let entry = shard.entry(*h).or_default();
             entry.touched = tick;
@@ -145,7 +149,11 @@ mod tests {
     use super::*;
 
     fn cur(replica: u32, c: &AtomicU64, capacity: u64) -> Cursor {
-        Cursor { replica, seq: c.load(Relaxed), capacity }
+        Cursor {
+            replica,
+            seq: c.load(Relaxed),
+            capacity,
+        }
     }
 
     #[test]
@@ -155,7 +163,11 @@ mod tests {
         idx.record(&c0, 0, &[1, 2, 3, 4], 0);
         idx.record(&c1, 1, &[1, 2, 9], 0);
         let mut out = [0u32; 2];
-        idx.match_lengths(&[1, 2, 3, 4, 5], &[cur(0, &c0, 100), cur(1, &c1, 100)], &mut out);
+        idx.match_lengths(
+            &[1, 2, 3, 4, 5],
+            &[cur(0, &c0, 100), cur(1, &c1, 100)],
+            &mut out,
+        );
         assert_eq!(out, [4, 2]);
         idx.match_lengths(&[7, 2, 3], &[cur(0, &c0, 100), cur(1, &c1, 100)], &mut out);
         assert_eq!(out, [0, 0]);
@@ -190,12 +202,16 @@ mod tests {
         let idx = PrefixIndex::new(SHARDS * 64);
         let c = AtomicU64::new(0);
         for i in 0..100u64 {
-            let blocks: Vec<u64> = (0..64).map(|j| (i * 1000 + j).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+            let blocks: Vec<u64> = (0..64)
+                .map(|j| (i * 1000 + j).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .collect();
             idx.record(&c, 0, &blocks, 0);
         }
         assert!(idx.len() <= SHARDS * 64 + SHARDS, "{}", idx.len());
         // The newest blocks survive.
-        let newest: Vec<u64> = (0..64u64).map(|j| (99 * 1000 + j).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let newest: Vec<u64> = (0..64u64)
+            .map(|j| (99 * 1000 + j).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
         let mut out = [0u32; 1];
         idx.match_lengths(&newest, &[cur(0, &c, u64::MAX)], &mut out);
         assert!(out[0] > 0);

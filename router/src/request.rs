@@ -75,9 +75,7 @@ fn field_bool(map: &Map<String, Value>, key: &'static str) -> Result<bool, ApiEr
     match map.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => {
-            Err(ApiError::bad_request(format!("`{key}` must be a boolean")).with_param(key))
-        }
+        Some(_) => Err(ApiError::bad_request(format!("`{key}` must be a boolean")).with_param(key)),
     }
 }
 
@@ -166,7 +164,9 @@ pub fn parse(endpoint: Endpoint, body: &Bytes) -> Result<ParsedRequest, ApiError
     let model = match map.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => {
-            return Err(ApiError::bad_request("`model` must be a non-empty string").with_param("model"));
+            return Err(
+                ApiError::bad_request("`model` must be a non-empty string").with_param("model")
+            );
         }
     };
     let (prompt, messages) = match endpoint {
@@ -227,13 +227,21 @@ mod tests {
 
     #[test]
     fn completions_text_and_ids() {
-        let r = p(Endpoint::Completions, r#"{"model":"m","prompt":"hi","max_tokens":5}"#).unwrap();
+        let r = p(
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":"hi","max_tokens":5}"#,
+        )
+        .unwrap();
         assert_eq!(r.prompt, PromptInput::Text("hi".into()));
         assert_eq!(r.max_tokens, Some(5));
         assert!(!r.injected_usage);
         let r = p(Endpoint::Completions, r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
         assert_eq!(r.prompt, PromptInput::Ids(vec![1, 2, 3]));
-        let r = p(Endpoint::Completions, r#"{"model":"m","prompt":[[1],[2,3]]}"#).unwrap();
+        let r = p(
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":[[1],[2,3]]}"#,
+        )
+        .unwrap();
         assert_eq!(r.prompt, PromptInput::Ids(vec![1, 2, 3]));
     }
 
@@ -263,11 +271,31 @@ mod tests {
             (Endpoint::Completions, "[1,2]", None),
             (Endpoint::Completions, r#"{"prompt":"x"}"#, Some("model")),
             (Endpoint::Completions, r#"{"model":"m"}"#, Some("prompt")),
-            (Endpoint::Completions, r#"{"model":"m","prompt":[1,"a"]}"#, Some("prompt")),
-            (Endpoint::Completions, r#"{"model":"m","prompt":"x","max_tokens":-1}"#, Some("max_tokens")),
-            (Endpoint::Completions, r#"{"model":"m","prompt":"x","stream":"yes"}"#, Some("stream")),
-            (Endpoint::ChatCompletions, r#"{"model":"m","messages":[]}"#, Some("messages")),
-            (Endpoint::ChatCompletions, r#"{"model":"m","messages":[{"content":"x"}]}"#, Some("messages")),
+            (
+                Endpoint::Completions,
+                r#"{"model":"m","prompt":[1,"a"]}"#,
+                Some("prompt"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"model":"m","prompt":"x","max_tokens":-1}"#,
+                Some("max_tokens"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"model":"m","prompt":"x","stream":"yes"}"#,
+                Some("stream"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                r#"{"model":"m","messages":[]}"#,
+                Some("messages"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                r#"{"model":"m","messages":[{"content":"x"}]}"#,
+                Some("messages"),
+            ),
         ] {
             let err = p(e, body).unwrap_err();
             assert_eq!(err.status, http::StatusCode::BAD_REQUEST, "{body}");
@@ -283,6 +311,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.messages, 2);
-        assert_eq!(r.prompt, PromptInput::Text("system: be brief\nuser: hello\n".into()));
+        assert_eq!(
+            r.prompt,
+            PromptInput::Text("system: be brief\nuser: hello\n".into())
+        );
     }
 }

@@ -34,13 +34,18 @@ pub fn app(node: Arc<Node>) -> Router {
         .route("/metrics", get(metrics))
         .route("/debug/replicas", get(debug_replicas))
         .route("/debug/cluster", get(debug_cluster))
+        .route("/debug/predictor", get(debug_predictor))
         // Size is enforced by `read_body` so the error is OpenAI-shaped.
         .layer(DefaultBodyLimit::disable())
         .with_state(node)
 }
 
 /// Serves until `cancel` fires, then drains in-flight requests.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, cancel: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, policy = node.policy.name(), "headroom router listening");
     // TCP_NODELAY: a token stream must not wait on the client's delayed ACKs.
@@ -95,7 +100,11 @@ async fn handle(node: Arc<Node>, endpoint: Endpoint, headers: HeaderMap, body: B
         Err(e) => {
             node.metrics
                 .requests
-                .with_label_values(&["-", e.replica.as_deref().unwrap_or("none"), &e.status.as_u16().to_string()])
+                .with_label_values(&[
+                    "-",
+                    e.replica.as_deref().unwrap_or("none"),
+                    &e.status.as_u16().to_string(),
+                ])
                 .inc();
             e.into_response()
         }
@@ -115,7 +124,9 @@ async fn models(State(node): State<Arc<Node>>) -> Json<Value> {
     let mut seen = std::collections::BTreeMap::new();
     for r in node.fleet.replicas().iter() {
         for m in &r.models.load().models {
-            let e = seen.entry(m.id.clone()).or_insert_with(|| (m.clone(), 0u32));
+            let e = seen
+                .entry(m.id.clone())
+                .or_insert_with(|| (m.clone(), 0u32));
             e.1 += u32::from(r.health.routable());
             e.0.max_model_len = e.0.max_model_len.max(m.max_model_len);
         }
@@ -134,15 +145,31 @@ async fn models(State(node): State<Arc<Node>>) -> Json<Value> {
 }
 
 async fn ready(State(node): State<Arc<Node>>) -> Response {
-    let n = node.fleet.replicas().iter().filter(|r| r.health.routable()).count();
+    let n = node
+        .fleet
+        .replicas()
+        .iter()
+        .filter(|r| r.health.routable())
+        .count();
     if n > 0 {
         (StatusCode::OK, format!("ready: {n} healthy replicas\n")).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready: no healthy replica\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no healthy replica\n",
+        )
+            .into_response()
     }
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    node.metrics
+        .predictor_learned
+        .set(node.trainer.learned.load(Relaxed) as i64);
+    node.metrics
+        .predictor_dropped
+        .set(node.trainer.dropped.load(Relaxed) as i64);
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(),
@@ -188,5 +215,36 @@ async fn debug_cluster(State(node): State<Arc<Node>>) -> Json<Value> {
     Json(json!({
         "node_id": node.cfg.node_id(),
         "members": [{ "node_id": node.cfg.node_id(), "live": true, "self": true, "age_s": 0.0, "keys": [] }],
+    }))
+}
+
+async fn debug_predictor(State(node): State<Arc<Node>>) -> Json<Value> {
+    let snap = node.trainer.shared.load_full();
+    let names: std::collections::HashMap<u64, (String, String)> = node
+        .fleet
+        .replicas()
+        .iter()
+        .map(|r| (r.key, (r.name.clone(), r.class.clone())))
+        .collect();
+    let replicas: Vec<Value> = snap
+        .replica_reports()
+        .into_iter()
+        .map(|rep| {
+            let name = rep
+                .replica
+                .and_then(|k| names.get(&k))
+                .map(|(n, _)| n.clone());
+            json!({ "replica": name, "report": rep })
+        })
+        .collect();
+    Json(json!({
+        "policy": node.policy.name(),
+        "snapshot_created_at_s": snap.created_at_s(),
+        "upper_quantile": snap.upper_quantile(),
+        "samples_learned": node.trainer.learned.load(std::sync::atomic::Ordering::Relaxed),
+        "samples_dropped": node.trainer.dropped.load(std::sync::atomic::Ordering::Relaxed),
+        "counters": snap.counters(),
+        "classes": snap.class_reports(),
+        "replicas": replicas,
     }))
 }

@@ -53,7 +53,10 @@ impl Tenants {
     }
 
     fn api_key(headers: &HeaderMap) -> Option<&str> {
-        if let Some(v) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        if let Some(v) = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+        {
             return v.strip_prefix("Bearer ").map(str::trim);
         }
         headers.get("x-api-key").and_then(|v| v.to_str().ok())
@@ -81,7 +84,9 @@ impl Tenants {
 /// Reads the first present header of `names` as milliseconds; invalid → 400.
 fn header_ms(headers: &HeaderMap, names: &[&'static str]) -> Result<Option<f64>, ApiError> {
     for name in names {
-        let Some(v) = headers.get(*name) else { continue };
+        let Some(v) = headers.get(*name) else {
+            continue;
+        };
         let parsed = v.to_str().ok().and_then(|s| s.trim().parse::<f64>().ok());
         return match parsed {
             Some(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_SLO_MS => Ok(Some(ms)),
@@ -121,8 +126,13 @@ mod tests {
     #[test]
     fn api_key_selects_tenant_and_defaults() {
         let t = tenants();
-        let g = t.resolve(&h(&[("authorization", "Bearer k-gold")])).unwrap();
-        assert_eq!((g.name.as_str(), g.slo.ttft_ms, g.priority), ("gold", 300.0, 5));
+        let g = t
+            .resolve(&h(&[("authorization", "Bearer k-gold")]))
+            .unwrap();
+        assert_eq!(
+            (g.name.as_str(), g.slo.ttft_ms, g.priority),
+            ("gold", 300.0, 5)
+        );
         let d = t.resolve(&h(&[("authorization", "Bearer other")])).unwrap();
         assert_eq!(d.name, "default");
     }
@@ -131,13 +141,20 @@ mod tests {
     fn headers_honoured_within_bounds() {
         let t = tenants();
         let g = t
-            .resolve(&h(&[("authorization", "Bearer k-gold"), ("x-slo-ttft-ms", "50"), ("x-slo-tpot-ms", "40")]))
+            .resolve(&h(&[
+                ("authorization", "Bearer k-gold"),
+                ("x-slo-ttft-ms", "50"),
+                ("x-slo-tpot-ms", "40"),
+            ]))
             .unwrap();
         assert_eq!(g.slo.ttft_ms, 100.0, "clamped to the tenant's tightest");
         assert_eq!(g.slo.tpot_ms, 40.0);
         // The canonical llm-d name wins over the alias.
         let g = t
-            .resolve(&h(&[("x-llm-d-slo-ttft-ms", "900"), ("x-slo-ttft-ms", "700")]))
+            .resolve(&h(&[
+                ("x-llm-d-slo-ttft-ms", "900"),
+                ("x-slo-ttft-ms", "700"),
+            ]))
             .unwrap();
         assert_eq!(g.slo.ttft_ms, 900.0);
     }

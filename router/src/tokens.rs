@@ -135,9 +135,19 @@ mod tests {
     fn shared_prefix_gives_shared_leading_blocks() {
         let t = Tokenizer::Estimate;
         let base = "The quick brown fox jumps over the lazy dog. ".repeat(40);
-        let a = shape_of_text(&t, &format!("{base}{}", "first question ".repeat(20)), 16, 1000);
+        let a = shape_of_text(
+            &t,
+            &format!("{base}{}", "first question ".repeat(20)),
+            16,
+            1000,
+        );
         let b = shape_of_text(&t, &format!("{base}{}", "second ask ".repeat(30)), 16, 1000);
-        let common = a.blocks.iter().zip(&b.blocks).take_while(|(x, y)| x == y).count();
+        let common = a
+            .blocks
+            .iter()
+            .zip(&b.blocks)
+            .take_while(|(x, y)| x == y)
+            .count();
         assert!(common >= base.len() / 64 - 1, "common {common}");
         assert!(common < a.blocks.len().max(b.blocks.len()));
     }

@@ -23,7 +23,10 @@ pub struct LocalReplica {
 
 /// The default fleet: two fast, one medium, one slow replica.
 pub fn default_fleet() -> Vec<LocalReplica> {
-    let r = |p: &str, b| LocalReplica { profile: p.into(), max_batched_tokens: b };
+    let r = |p: &str, b| LocalReplica {
+        profile: p.into(),
+        max_batched_tokens: b,
+    };
     vec![
         r("h100-llama3-8b", 8192),
         r("h100-llama3-8b", 8192),
@@ -66,7 +69,9 @@ pub async fn wait_healthy(addr: SocketAddr, timeout: Duration) -> anyhow::Result
     let base: http::Uri = format!("http://{addr}").parse()?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Ok((s, _)) = crate::upstream::get(&client, &base, "/health", Duration::from_millis(500), 1024).await {
+        if let Ok((s, _)) =
+            crate::upstream::get(&client, &base, "/health", Duration::from_millis(500), 1024).await
+        {
             if s.is_success() {
                 return Ok(());
             }
@@ -97,13 +102,21 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         let port = opts.replica_base_port + i as u16;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let args = vec![
-            "--listen".into(), addr.to_string(),
-            "--model".into(), opts.model.clone(),
-            "--profile".into(), r.profile.clone(),
-            "--time-scale".into(), opts.time_scale.to_string(),
-            "--seed".into(), (i as u64 + 1).to_string(),
+            "--listen".into(),
+            addr.to_string(),
+            "--model".into(),
+            opts.model.clone(),
+            "--profile".into(),
+            r.profile.clone(),
+            "--time-scale".into(),
+            opts.time_scale.to_string(),
+            "--seed".into(),
+            (i as u64 + 1).to_string(),
         ];
-        children.push((format!("replica {addr} ({})", r.profile), spawn(&replica_bin, &args, "headroom-replica")?));
+        children.push((
+            format!("replica {addr} ({})", r.profile),
+            spawn(&replica_bin, &args, "headroom-replica")?,
+        ));
         replica_flags.push(format!(
             "http://{addr},name=r{i}-{},class={},max_batched_tokens={}",
             r.profile, r.profile, r.max_batched_tokens
@@ -118,23 +131,37 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     let router_addr: SocketAddr = ([127, 0, 0, 1], opts.router_port).into();
     let mut args = vec![
         "serve".into(),
-        "--listen".into(), router_addr.to_string(),
-        "--policy".into(), opts.policy.clone(),
-        "--tokenizer".into(), format!("{}=cl100k", opts.model),
+        "--listen".into(),
+        router_addr.to_string(),
+        "--policy".into(),
+        opts.policy.clone(),
+        "--tokenizer".into(),
+        format!("{}=cl100k", opts.model),
     ];
     for f in &replica_flags {
         args.push("--replica".into());
         args.push(f.clone());
     }
     args.extend(opts.serve_args.iter().cloned());
-    children.push((format!("router {router_addr}"), spawn(&me, &args, "headroom serve")?));
+    children.push((
+        format!("router {router_addr}"),
+        spawn(&me, &args, "headroom serve")?,
+    ));
     wait_healthy(router_addr, Duration::from_secs(30)).await?;
 
-    println!("\nHeadroom is up: {} replicas of `{}` behind a router (policy {}).", opts.fleet.len(), opts.model, opts.policy);
+    println!(
+        "\nHeadroom is up: {} replicas of `{}` behind a router (policy {}).",
+        opts.fleet.len(),
+        opts.model,
+        opts.policy
+    );
     println!("  OpenAI endpoint: http://{router_addr}/v1");
     println!("  Metrics:         http://{router_addr}/metrics");
     println!("  Replicas:        http://{router_addr}/debug/replicas");
-    println!("\nTry:\n  curl -sN http://{router_addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -H 'x-slo-ttft-ms: 500' -H 'x-slo-tpot-ms: 50' \\\n    -d '{{\"model\":\"{}\",\"stream\":true,\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n", opts.model);
+    println!(
+        "\nTry:\n  curl -sN http://{router_addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -H 'x-slo-ttft-ms: 500' -H 'x-slo-tpot-ms: 50' \\\n    -d '{{\"model\":\"{}\",\"stream\":true,\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n",
+        opts.model
+    );
     println!("Ctrl-C stops everything.");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -163,7 +190,10 @@ pub async fn stop_all(children: &mut [(String, Child)]) {
     for (_, c) in children.iter() {
         if let Some(pid) = c.id() {
             // SAFETY-free: sending a signal via the `kill` utility keeps us off libc.
-            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
         }
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -21,14 +21,31 @@ async fn stream_passes_through_and_strips_injected_usage() {
     // Client did not ask for usage: router asks upstream, then removes it.
     let resp = post(&r.url("/v1/chat/completions"), json!({"model":"m","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]})).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["x-headroom-replica"], m.addr.to_string().as_str());
+    assert_eq!(
+        resp.headers()["x-headroom-replica"],
+        m.addr.to_string().as_str()
+    );
     let got = resp.text().await.unwrap();
-    assert_eq!(got, sse_events(true, 5, false).concat(), "client sees exactly a usage-free stream");
+    assert_eq!(
+        got,
+        sse_events(true, 5, false).concat(),
+        "client sees exactly a usage-free stream"
+    );
     // Client asked for usage: bytes identical to the replica's.
     let resp = post(&r.url("/v1/completions"), json!({"model":"m","stream":true,"max_tokens":3,"prompt":"x","stream_options":{"include_usage":true}})).await;
-    assert_eq!(resp.text().await.unwrap(), sse_events(false, 3, true).concat());
+    assert_eq!(
+        resp.text().await.unwrap(),
+        sse_events(false, 3, true).concat()
+    );
     // The router measured the stream.
-    let metrics = client().get(r.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client()
+        .get(r.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metrics.contains("headroom_ttft_seconds_count"), "{metrics}");
     assert!(metrics.contains("status=\"ok\"} 2"), "{metrics}");
 }
@@ -38,7 +55,11 @@ async fn non_streaming_is_identical_to_direct() {
     let m = mock("m").await;
     let r = router(&[m.url()], PolicyName::LeastRequest, |_| {}).await;
     let body = json!({"model":"m","max_tokens":2,"prompt":"hello"});
-    let direct = post(&format!("{}/v1/completions", m.url()), body.clone()).await.text().await.unwrap();
+    let direct = post(&format!("{}/v1/completions", m.url()), body.clone())
+        .await
+        .text()
+        .await
+        .unwrap();
     let via = post(&r.url("/v1/completions"), body).await;
     assert_eq!(via.status(), 200);
     assert_eq!(via.text().await.unwrap(), direct);
@@ -47,7 +68,10 @@ async fn non_streaming_is_identical_to_direct() {
 #[tokio::test]
 async fn errors_are_openai_json() {
     let m = mock("m").await;
-    let r = router(&[m.url()], PolicyName::RoundRobin, |c| c.proxy.max_body_bytes = 10_000).await;
+    let r = router(&[m.url()], PolicyName::RoundRobin, |c| {
+        c.proxy.max_body_bytes = 10_000
+    })
+    .await;
     let check = |resp: reqwest::Response, status: u16| async move {
         assert_eq!(resp.status().as_u16(), status);
         assert!(resp.headers().contains_key("x-headroom-replica"));
@@ -56,13 +80,48 @@ async fn errors_are_openai_json() {
         assert!(v["error"]["message"].as_str().unwrap().len() > 5);
         v
     };
-    let v = check(post(&r.url("/v1/completions"), json!({"model":"nope","prompt":"x"})).await, 404).await;
+    let v = check(
+        post(
+            &r.url("/v1/completions"),
+            json!({"model":"nope","prompt":"x"}),
+        )
+        .await,
+        404,
+    )
+    .await;
     assert_eq!(v["error"]["param"], "model");
-    let resp = client().post(r.url("/v1/completions")).body("{not json").send().await.unwrap();
+    let resp = client()
+        .post(r.url("/v1/completions"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     check(resp, 400).await;
-    check(post(&r.url("/v1/completions"), json!({"model":"m","prompt":"x".repeat(20_000)})).await, 413).await;
-    check(post(&r.url("/v1/completions"), json!({"model":"m","prompt":"x","max_tokens":100000})).await, 400).await;
-    let resp = client().post(r.url("/v1/completions")).header("x-slo-ttft-ms", "-3").json(&json!({"model":"m","prompt":"x"})).send().await.unwrap();
+    check(
+        post(
+            &r.url("/v1/completions"),
+            json!({"model":"m","prompt":"x".repeat(20_000)}),
+        )
+        .await,
+        413,
+    )
+    .await;
+    check(
+        post(
+            &r.url("/v1/completions"),
+            json!({"model":"m","prompt":"x","max_tokens":100000}),
+        )
+        .await,
+        400,
+    )
+    .await;
+    let resp = client()
+        .post(r.url("/v1/completions"))
+        .header("x-slo-ttft-ms", "-3")
+        .json(&json!({"model":"m","prompt":"x"}))
+        .send()
+        .await
+        .unwrap();
     check(resp, 400).await;
 }
 
@@ -73,9 +132,16 @@ async fn retries_on_5xx_before_the_first_byte() {
     bad.set(Behaviour::Fail500);
     let r = router(&[bad.url(), good.url()], PolicyName::RoundRobin, |_| {}).await;
     for _ in 0..4 {
-        let resp = post(&r.url("/v1/completions"), json!({"model":"m","stream":true,"max_tokens":2,"prompt":"x"})).await;
+        let resp = post(
+            &r.url("/v1/completions"),
+            json!({"model":"m","stream":true,"max_tokens":2,"prompt":"x"}),
+        )
+        .await;
         assert_eq!(resp.status(), 200);
-        assert_eq!(resp.headers()["x-headroom-replica"], good.addr.to_string().as_str());
+        assert_eq!(
+            resp.headers()["x-headroom-replica"],
+            good.addr.to_string().as_str()
+        );
         assert!(resp.text().await.unwrap().ends_with("data: [DONE]\n\n"));
     }
     assert!(bad.hits.load(SeqCst) >= 1);
@@ -88,7 +154,10 @@ async fn replica_dying_mid_stream_ends_with_error_event_and_done() {
     let r = router(&[m.url()], PolicyName::RoundRobin, |_| {}).await;
     let resp = post(&r.url("/v1/chat/completions"), json!({"model":"m","stream":true,"max_tokens":6,"messages":[{"role":"user","content":"x"}]})).await;
     assert_eq!(resp.status(), 200);
-    let text = tokio::time::timeout(Duration::from_secs(5), resp.text()).await.expect("no hang").unwrap();
+    let text = tokio::time::timeout(Duration::from_secs(5), resp.text())
+        .await
+        .expect("no hang")
+        .unwrap();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 4, "two tokens, one error, DONE: {text}");
     assert!(events[2].starts_with("data: {\"error\""));
@@ -105,14 +174,34 @@ async fn dead_replica_is_ejected_and_traffic_moves() {
     let dead_addr = dead.addr;
     drop(dead); // its port now refuses connections
     for _ in 0..10 {
-        let resp = post(&r.url("/v1/completions"), json!({"model":"m","max_tokens":1,"prompt":"x"})).await;
+        let resp = post(
+            &r.url("/v1/completions"),
+            json!({"model":"m","max_tokens":1,"prompt":"x"}),
+        )
+        .await;
         assert_eq!(resp.status(), 200);
-        assert_eq!(resp.headers()["x-headroom-replica"], alive.addr.to_string().as_str());
+        assert_eq!(
+            resp.headers()["x-headroom-replica"],
+            alive.addr.to_string().as_str()
+        );
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let dbg: Value = client().get(r.url("/debug/replicas")).send().await.unwrap().json().await.unwrap();
-        let d = dbg["replicas"].as_array().unwrap().iter().find(|x| x["name"] == dead_addr.to_string()).unwrap().clone();
+        let dbg: Value = client()
+            .get(r.url("/debug/replicas"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let d = dbg["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == dead_addr.to_string())
+            .unwrap()
+            .clone();
         if d["health"] == "ejected" {
             break;
         }
@@ -134,11 +223,21 @@ async fn stalled_replica_times_out_to_another_and_is_readmitted() {
     // Probes fail: ejected within a few probe periods.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while r.node.fleet.replicas()[0].health.routable() {
-        assert!(tokio::time::Instant::now() < deadline, "stalled replica never ejected");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stalled replica never ejected"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let resp = post(&r.url("/v1/completions"), json!({"model":"m","max_tokens":1,"prompt":"x"})).await;
-    assert_eq!(resp.headers()["x-headroom-replica"], good.addr.to_string().as_str());
+    let resp = post(
+        &r.url("/v1/completions"),
+        json!({"model":"m","max_tokens":1,"prompt":"x"}),
+    )
+    .await;
+    assert_eq!(
+        resp.headers()["x-headroom-replica"],
+        good.addr.to_string().as_str()
+    );
     // It recovers: re-admitted after its backoff.
     stalled.set(Behaviour::Normal);
     stalled.health_ok.store(1, SeqCst);
@@ -153,11 +252,36 @@ async fn stalled_replica_times_out_to_another_and_is_readmitted() {
 async fn models_health_ready_and_debug() {
     let m = mock("m").await;
     let r = router(&[m.url()], PolicyName::RoundRobin, |_| {}).await;
-    let models: Value = client().get(r.url("/v1/models")).send().await.unwrap().json().await.unwrap();
+    let models: Value = client()
+        .get(r.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(models["data"][0]["id"], "m");
-    assert_eq!(client().get(r.url("/health")).send().await.unwrap().status(), 200);
-    assert_eq!(client().get(r.url("/ready")).send().await.unwrap().status(), 200);
-    let dbg: Value = client().get(r.url("/debug/replicas")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        client()
+            .get(r.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client().get(r.url("/ready")).send().await.unwrap().status(),
+        200
+    );
+    let dbg: Value = client()
+        .get(r.url("/debug/replicas"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let rep = &dbg["replicas"][0];
     assert_eq!(rep["scraped"]["kv_usage"], 0.1);
     assert_eq!(rep["scraped"]["num_gpu_blocks"], 1000);
@@ -175,10 +299,20 @@ async fn silent_replica_costs_one_first_byte_timeout_then_retries() {
     silent.set(Behaviour::Stall); // health still answers: only a timeout can tell
     for _ in 0..2 {
         let t = std::time::Instant::now();
-        let resp = post(&r.url("/v1/completions"), json!({"model":"m","stream":true,"max_tokens":2,"prompt":"x"})).await;
-        assert_eq!(resp.headers()["x-headroom-replica"], good.addr.to_string().as_str());
+        let resp = post(
+            &r.url("/v1/completions"),
+            json!({"model":"m","stream":true,"max_tokens":2,"prompt":"x"}),
+        )
+        .await;
+        assert_eq!(
+            resp.headers()["x-headroom-replica"],
+            good.addr.to_string().as_str()
+        );
         assert!(resp.text().await.unwrap().ends_with("data: [DONE]\n\n"));
         assert!(t.elapsed() < Duration::from_secs(2));
     }
-    assert!(silent.hits.load(SeqCst) >= 1, "round robin tried the silent one");
+    assert!(
+        silent.hits.load(SeqCst) >= 1,
+        "round robin tried the silent one"
+    );
 }

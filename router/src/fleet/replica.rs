@@ -78,7 +78,10 @@ impl Replica {
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| url.clone())
         });
-        let class = rc.class.clone().unwrap_or_else(|| format!("replica:{name}"));
+        let class = rc
+            .class
+            .clone()
+            .unwrap_or_else(|| format!("replica:{name}"));
         Ok(Self {
             id,
             base,

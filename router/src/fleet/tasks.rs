@@ -7,7 +7,7 @@ use rand::Rng;
 use serde_json::Value;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{ModelEntry, Replica, ServedModels, parse_metrics, view::Origin, Fleet};
+use super::{Fleet, ModelEntry, Replica, ServedModels, parse_metrics, view::Origin};
 use crate::{clock, config::DnsDiscovery, config::ReplicaConfig, upstream};
 
 const METRICS_MAX_BYTES: usize = 4 << 20;
@@ -39,7 +39,14 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
     let period = Duration::from_millis(cfg.interval_ms);
     let timeout = Duration::from_millis(cfg.timeout_ms);
     loop {
-        let result = upstream::get(&fleet.client, &r.base, "/metrics", timeout, METRICS_MAX_BYTES).await;
+        let result = upstream::get(
+            &fleet.client,
+            &r.base,
+            "/metrics",
+            timeout,
+            METRICS_MAX_BYTES,
+        )
+        .await;
         let now = clock::now_s();
         match result {
             Ok((status, body)) if status.is_success() => {
@@ -48,7 +55,9 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
                 match parse_metrics(&text, prev.as_deref(), now) {
                     Ok(s) => {
                         if s.rejected_values > 0 {
-                            fleet.metrics.scrape_rejected_values(&r.name, s.rejected_values);
+                            fleet
+                                .metrics
+                                .scrape_rejected_values(&r.name, s.rejected_values);
                         }
                         r.scraped.store(Some(Arc::new(s)));
                     }
@@ -125,11 +134,21 @@ async fn models_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
     let fast = Duration::from_millis(fleet.cfg.health.probe_interval_ms.min(250));
     let timeout = Duration::from_millis(fleet.cfg.health.probe_timeout_ms);
     loop {
-        let got = upstream::get(&fleet.client, &r.base, "/v1/models", timeout, MODELS_MAX_BYTES).await;
+        let got = upstream::get(
+            &fleet.client,
+            &r.base,
+            "/v1/models",
+            timeout,
+            MODELS_MAX_BYTES,
+        )
+        .await;
         let known = match got {
             Ok((s, body)) if s.is_success() => match parse_models(&body) {
                 Ok(models) => {
-                    r.models.store(Arc::new(ServedModels { models, known: true }));
+                    r.models.store(Arc::new(ServedModels {
+                        models,
+                        known: true,
+                    }));
                     true
                 }
                 Err(e) => {
@@ -140,7 +159,11 @@ async fn models_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
             _ => false,
         };
         // Poll quickly until the replica has told us what it serves.
-        let period = if known || r.models.load().known { slow } else { fast };
+        let period = if known || r.models.load().known {
+            slow
+        } else {
+            fast
+        };
         if !pause(period, &token).await {
             return;
         }

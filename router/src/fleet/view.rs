@@ -68,7 +68,11 @@ impl Fleet {
     }
 
     /// Adds a replica and starts its scrape/probe/models tasks.
-    pub fn add(self: &Arc<Self>, rc: &ReplicaConfig, origin: Origin) -> Result<Arc<Replica>, String> {
+    pub fn add(
+        self: &Arc<Self>,
+        rc: &ReplicaConfig,
+        origin: Origin,
+    ) -> Result<Arc<Replica>, String> {
         let id = self.next_id.fetch_add(1, Relaxed);
         let replica = Arc::new(Replica::new(id, rc)?);
         if self.replicas().iter().any(|r| r.url == replica.url) {

@@ -17,7 +17,12 @@ impl Policy for RoundRobin {
     fn name(&self) -> &'static str {
         "round-robin"
     }
-    fn decide(&self, _: &RequestProfile, cands: &[Candidate<'_>], _: &mut DecideCtx<'_>) -> Decision {
+    fn decide(
+        &self,
+        _: &RequestProfile,
+        cands: &[Candidate<'_>],
+        _: &mut DecideCtx<'_>,
+    ) -> Decision {
         let n = cands.len();
         let start = self.next.fetch_add(1, Relaxed) % n;
         Decision::route((0..n).map(|i| (start + i) % n).collect())
@@ -32,7 +37,12 @@ impl Policy for LeastRequest {
     fn name(&self) -> &'static str {
         "least-request"
     }
-    fn decide(&self, _: &RequestProfile, cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>) -> Decision {
+    fn decide(
+        &self,
+        _: &RequestProfile,
+        cands: &[Candidate<'_>],
+        ctx: &mut DecideCtx<'_>,
+    ) -> Decision {
         let costs: Vec<f64> = cands.iter().map(|c| c.load().requests).collect();
         Decision::route(rank::by_cost(&costs, ctx.rng))
     }
@@ -44,7 +54,8 @@ pub struct TokenLoad;
 
 /// Outstanding tokens on a candidate if this request went there.
 fn tokens_with(req: &RequestProfile, c: &Candidate<'_>) -> f64 {
-    let own = req.prompt_tokens.saturating_sub(c.cached_tokens) as f64 + req.expected_output_tokens as f64;
+    let own = req.prompt_tokens.saturating_sub(c.cached_tokens) as f64
+        + req.expected_output_tokens as f64;
     c.load().outstanding_tokens() + own
 }
 
@@ -52,7 +63,12 @@ impl Policy for TokenLoad {
     fn name(&self) -> &'static str {
         "token-load"
     }
-    fn decide(&self, req: &RequestProfile, cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>) -> Decision {
+    fn decide(
+        &self,
+        req: &RequestProfile,
+        cands: &[Candidate<'_>],
+        ctx: &mut DecideCtx<'_>,
+    ) -> Decision {
         let costs: Vec<f64> = cands.iter().map(|c| tokens_with(req, c)).collect();
         Decision::route(rank::by_cost(&costs, ctx.rng))
     }
@@ -95,11 +111,18 @@ impl Policy for PrefixAffinity {
     fn name(&self) -> &'static str {
         "prefix-affinity"
     }
-    fn decide(&self, req: &RequestProfile, cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>) -> Decision {
+    fn decide(
+        &self,
+        req: &RequestProfile,
+        cands: &[Candidate<'_>],
+        ctx: &mut DecideCtx<'_>,
+    ) -> Decision {
         let prompt = req.prompt_tokens.max(1) as f64;
         let sticky: Vec<bool> = cands
             .iter()
-            .map(|c| c.cached_tokens > 0 && c.cached_tokens as f64 / prompt >= self.affinity_threshold)
+            .map(|c| {
+                c.cached_tokens > 0 && c.cached_tokens as f64 / prompt >= self.affinity_threshold
+            })
             .collect();
         let best = |want: bool| {
             cands
@@ -170,7 +193,10 @@ mod tests {
             blocks: vec![],
             max_tokens: Some(100),
             expected_output_tokens: 100,
-            slo: Slo { ttft_ms: 1000.0, tpot_ms: 50.0 },
+            slo: Slo {
+                ttft_ms: 1000.0,
+                tpot_ms: 50.0,
+            },
             priority: 0,
             fallback: Default::default(),
             stream: true,
@@ -179,7 +205,10 @@ mod tests {
 
     fn first(p: &dyn Policy, r: &RequestProfile, c: &[Candidate<'_>]) -> usize {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-        let mut ctx = DecideCtx { now_s: 0.0, rng: &mut rng };
+        let mut ctx = DecideCtx {
+            now_s: 0.0,
+            rng: &mut rng,
+        };
         match p.decide(r, c, &mut ctx).choice {
             super::super::Choice::Route(o) => {
                 assert_eq!(o.len(), c.len());
@@ -201,8 +230,16 @@ mod tests {
     #[test]
     fn least_request_and_token_load_follow_their_measures() {
         let rs: Vec<_> = (0..2).map(replica).collect();
-        let busy_few = Load { requests: 1.0, queued_prefill_tokens: 50_000.0, ..Load::default() };
-        let idle_many = Load { requests: 5.0, decode_remaining_tokens: 500.0, ..Load::default() };
+        let busy_few = Load {
+            requests: 1.0,
+            queued_prefill_tokens: 50_000.0,
+            ..Load::default()
+        };
+        let idle_many = Load {
+            requests: 5.0,
+            decode_remaining_tokens: 500.0,
+            ..Load::default()
+        };
         let cs = vec![cand(&rs[0], 0, busy_few), cand(&rs[1], 0, idle_many)];
         assert_eq!(first(&LeastRequest, &req(10), &cs), 0);
         assert_eq!(first(&TokenLoad, &req(10), &cs), 1);
@@ -214,13 +251,27 @@ mod tests {
         let p = PrefixAffinity::default();
         // Replica 0 holds the prefix and is somewhat busier: stick.
         let cs = vec![
-            cand(&rs[0], 900, Load { queued_prefill_tokens: 2_000.0, ..Load::default() }),
+            cand(
+                &rs[0],
+                900,
+                Load {
+                    queued_prefill_tokens: 2_000.0,
+                    ..Load::default()
+                },
+            ),
             cand(&rs[1], 0, Load::default()),
         ];
         assert_eq!(first(&p, &req(1000), &cs), 0);
         // Replica 0 is buried under 200k queued tokens (≈12.5 s): release.
         let cs = vec![
-            cand(&rs[0], 900, Load { queued_prefill_tokens: 200_000.0, ..Load::default() }),
+            cand(
+                &rs[0],
+                900,
+                Load {
+                    queued_prefill_tokens: 200_000.0,
+                    ..Load::default()
+                },
+            ),
             cand(&rs[1], 0, Load::default()),
         ];
         assert_eq!(first(&p, &req(1000), &cs), 1);

@@ -16,8 +16,14 @@ pub enum CandidateError {
     UnknownModel(String),
     #[error("no healthy replica serves model `{0}`")]
     NoHealthy(String),
-    #[error("prompt ({prompt} tokens) plus max_tokens exceeds the longest context ({max} tokens) of any replica serving `{model}`")]
-    ContextTooLong { model: String, prompt: u32, max: u32 },
+    #[error(
+        "prompt ({prompt} tokens) plus max_tokens exceeds the longest context ({max} tokens) of any replica serving `{model}`"
+    )]
+    ContextTooLong {
+        model: String,
+        prompt: u32,
+        max: u32,
+    },
 }
 
 /// Knobs of candidate construction.
@@ -39,7 +45,9 @@ pub fn build_candidates<'a>(
 ) -> Result<Vec<Candidate<'a>>, CandidateError> {
     let mut serving = 0usize;
     let mut longest: Option<u32> = None;
-    let need = req.prompt_tokens.saturating_add(req.max_tokens.unwrap_or(1).max(1));
+    let need = req
+        .prompt_tokens
+        .saturating_add(req.max_tokens.unwrap_or(1).max(1));
     let mut out = Vec::new();
     for r in replicas {
         let models = r.models.load();
@@ -65,7 +73,9 @@ pub fn build_candidates<'a>(
             continue;
         }
         let scraped = r.scraped.load_full();
-        let scraped_age_s = scraped.as_ref().map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
+        let scraped_age_s = scraped
+            .as_ref()
+            .map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
         let peer = r.peer_load.load();
         out.push(Candidate {
             replica: r,

@@ -7,7 +7,9 @@
 
 pub mod baselines;
 pub mod candidates;
+pub mod features;
 pub mod rank;
+pub mod slo;
 
 use std::sync::Arc;
 
@@ -59,7 +61,10 @@ impl std::str::FromStr for PolicyName {
             .find(|p| p.as_str() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = PolicyName::ALL.iter().map(|p| p.as_str()).collect();
-                format!("unknown policy `{s}` (expected one of {})", names.join(", "))
+                format!(
+                    "unknown policy `{s}` (expected one of {})",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -122,8 +127,13 @@ pub enum Choice {
     Route(Vec<usize>),
     /// Nothing fits and the tenant prefers a fast refusal.
     Reject(String),
-    /// Nothing fits now; ask again after `retry_after_s` (within the deadline).
-    Defer { retry_after_s: f64, reason: String },
+    /// Nothing fits now; ask again after `retry_after_s` (within the deadline), and
+    /// past the deadline go to `fallback_order` (least bad first).
+    Defer {
+        retry_after_s: f64,
+        reason: String,
+        fallback_order: Vec<usize>,
+    },
 }
 
 /// The prediction behind a choice, for headers, metrics and learning.
@@ -164,5 +174,10 @@ pub struct DecideCtx<'r> {
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Ranks `cands` (never empty) for `req`.
-    fn decide(&self, req: &RequestProfile, cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>) -> Decision;
+    fn decide(
+        &self,
+        req: &RequestProfile,
+        cands: &[Candidate<'_>],
+        ctx: &mut DecideCtx<'_>,
+    ) -> Decision;
 }

@@ -8,7 +8,13 @@ pub fn by_cost(costs: &[f64], rng: &mut dyn rand::RngCore) -> Vec<usize> {
     let mut keyed: Vec<(f64, u32, usize)> = costs
         .iter()
         .enumerate()
-        .map(|(i, c)| (if c.is_nan() { f64::INFINITY } else { *c }, rng.random::<u32>(), i))
+        .map(|(i, c)| {
+            (
+                if c.is_nan() { f64::INFINITY } else { *c },
+                rng.random::<u32>(),
+                i,
+            )
+        })
         .collect();
     keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     keyed.into_iter().map(|(_, _, i)| i).collect()

@@ -19,11 +19,12 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
+use super::outcome::Learn;
 use super::{
     outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
-use crate::{error::ApiError, fleet::Replica, ledger::Booking, node::Node, policy::Forecast};
+use crate::{error::ApiError, fleet::Replica, ledger::Booking, node::Node};
 
 /// Largest non-streaming body kept to read its usage.
 const KEEP_NONSTREAM_BYTES: usize = 1 << 20;
@@ -36,7 +37,7 @@ pub struct Tracking {
     pub arrived: Instant,
     pub dispatched: Instant,
     pub booking: Booking,
-    pub forecast: Option<Forecast>,
+    pub learn: Option<Learn>,
 }
 
 enum Mode {
@@ -113,8 +114,12 @@ impl TrackedBody {
         let (ttft_s, tpot_s, usage, tail) = match &mut self.mode {
             Mode::Stream(sc) => {
                 let usage = sc.usage;
-                let first = sc.first_content.map(|f| f.duration_since(t.dispatched).as_secs_f64());
-                let tokens = usage.map(|u| u.completion_tokens).unwrap_or(sc.content_events);
+                let first = sc
+                    .first_content
+                    .map(|f| f.duration_since(t.dispatched).as_secs_f64());
+                let tokens = usage
+                    .map(|u| u.completion_tokens)
+                    .unwrap_or(sc.content_events);
                 let tpot = match (sc.first_content, sc.last_content) {
                     (Some(a), Some(b)) if tokens >= 2 && status == OutcomeStatus::Ok => {
                         Some(b.duration_since(a).as_secs_f64() / (tokens - 1) as f64)
@@ -143,8 +148,10 @@ impl TrackedBody {
                 (None, None, usage, None)
             }
         };
-        let upstream_failed = matches!(status, OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut)
-            || matches!(&self.mode, Mode::Stream(sc) if sc.upstream_error);
+        let upstream_failed = matches!(
+            status,
+            OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut
+        ) || matches!(&self.mode, Mode::Stream(sc) if sc.upstream_error);
         let outcome = Outcome {
             model: t.model.clone(),
             replica: t.replica.clone(),
@@ -160,7 +167,7 @@ impl TrackedBody {
             e2e_s: now.duration_since(t.arrived).as_secs_f64(),
             output_tokens: usage.map(|u| u.completion_tokens),
             cached_tokens: usage.and_then(|u| u.prompt_tokens_details.map(|d| d.cached_tokens)),
-            forecast: t.forecast,
+            learn: t.learn,
         };
         if outcome.status == OutcomeStatus::Ok {
             t.booking.complete();
@@ -221,7 +228,11 @@ impl Body for TrackedBody {
                         Mode::Stream(sc) => sc.leftover(),
                         Mode::Whole(_) => Bytes::new(),
                     };
-                    let status = if clean { OutcomeStatus::Ok } else { OutcomeStatus::UpstreamFailed };
+                    let status = if clean {
+                        OutcomeStatus::Ok
+                    } else {
+                        OutcomeStatus::UpstreamFailed
+                    };
                     if let Some(tail) = this.finish(status) {
                         let mut b = BytesMut::from(&rest[..]);
                         b.extend_from_slice(&tail);

@@ -25,13 +25,14 @@ use crate::{
     ledger::BookingSpec,
     node::Node,
     policy::{
-        CandidateError, Choice, DecideCtx, Forecast, RequestProfile, build_candidates,
-        candidates::CandidateParams,
+        CandidateError, Choice, DecideCtx, RequestProfile, build_candidates,
+        candidates::CandidateParams, features,
     },
     request::ParsedRequest,
     upstream,
 };
 use body::{TrackedBody, Tracking};
+use outcome::Learn;
 
 /// Hop-by-hop headers never forwarded.
 const HOP: [&str; 6] = [
@@ -47,7 +48,23 @@ const HOP: [&str; 6] = [
 struct Target {
     replica: Arc<Replica>,
     cached_tokens: u32,
-    forecast: Option<Forecast>,
+    learn: Learn,
+}
+
+/// What to do with a request.
+enum Plan {
+    Go(Vec<Target>, Option<&'static str>),
+    /// Nothing fits now: wait, then decide again; past the deadline use these.
+    Wait(std::time::Duration, Vec<Target>),
+}
+
+/// Counts a deferred request while it waits.
+struct DeferSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for DeferSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl From<CandidateError> for ApiError {
@@ -63,7 +80,7 @@ impl From<CandidateError> for ApiError {
 }
 
 /// Picks targets for a request: the policy's ranking, cut to the retry budget.
-fn choose(node: &Node, profile: &RequestProfile) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
+fn choose(node: &Node, profile: &RequestProfile) -> Result<Plan, ApiError> {
     let replicas = node.fleet.replicas();
     let now = clock::now_s();
     let params = CandidateParams {
@@ -73,38 +90,117 @@ fn choose(node: &Node, profile: &RequestProfile) -> Result<(Vec<Target>, Option<
     let cands = build_candidates(profile, &replicas, &node.prefix, params, now)?;
     let mut rng = SmallRng::from_rng(&mut rand::rng());
     let started = Instant::now();
-    let decision = node.policy.decide(profile, &cands, &mut DecideCtx { now_s: now, rng: &mut rng });
+    let decision = node.policy.decide(
+        profile,
+        &cands,
+        &mut DecideCtx {
+            now_s: now,
+            rng: &mut rng,
+        },
+    );
     node.metrics
         .decision_seconds
         .with_label_values(&[node.policy.name()])
         .observe(started.elapsed().as_secs_f64());
-    match decision.choice {
-        Choice::Route(order) => {
-            let max = 1 + node.cfg.proxy.retries as usize;
-            let targets = order
-                .into_iter()
-                .filter(|&i| i < cands.len())
-                .take(max)
-                .map(|i| Target {
+    if let Some(kind) = decision.fallback {
+        node.metrics.fallbacks.with_label_values(&[kind]).inc();
+    }
+    let snap = node.trainer.shared.load();
+    let max = 1 + node.cfg.proxy.retries as usize;
+    let targets = |order: Vec<usize>| -> Vec<Target> {
+        order
+            .into_iter()
+            .filter(|&i| i < cands.len())
+            .take(max)
+            .map(|i| {
+                let c = &cands[i];
+                let key = features::key(c);
+                let obs = features::observation(profile, c);
+                Target {
                     replica: replicas
                         .iter()
-                        .find(|r| r.id == cands[i].replica.id)
+                        .find(|r| r.id == c.replica.id)
                         .cloned()
                         .expect("candidate comes from this replica list"),
-                    cached_tokens: cands[i].cached_tokens,
-                    forecast: decision.forecasts.get(i).copied().flatten(),
-                })
-                .collect();
-            Ok((targets, decision.fallback))
-        }
-        Choice::Reject(reason) | Choice::Defer { reason, .. } => {
+                    cached_tokens: c.cached_tokens,
+                    learn: Learn {
+                        key,
+                        obs,
+                        prediction: snap.predict(key, &obs),
+                    },
+                }
+            })
+            .collect()
+    };
+    match decision.choice {
+        Choice::Route(order) => Ok(Plan::Go(targets(order), decision.fallback)),
+        Choice::Defer {
+            retry_after_s,
+            fallback_order,
+            ..
+        } => Ok(Plan::Wait(
+            std::time::Duration::from_secs_f64(retry_after_s.clamp(0.001, 1.0)),
+            targets(fallback_order),
+        )),
+        Choice::Reject(reason) => {
             node.metrics.rejected.with_label_values(&["no_fit"]).inc();
             Err(ApiError::shed(reason))
         }
     }
 }
 
-fn upstream_request(target: &Replica, parsed: &ParsedRequest, headers: &HeaderMap) -> Result<Request<Full<Bytes>>, ApiError> {
+/// Decides, deferring (bounded, within the request's deadline) while nothing fits.
+async fn plan(
+    node: &Node,
+    profile: &RequestProfile,
+    arrived: Instant,
+) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
+    let budget =
+        std::time::Duration::from_secs_f64(profile.slo.ttft_ms * node.cfg.slo.defer_budget / 1e3);
+    let deadline = arrived + budget;
+    let mut slot: Option<DeferSlot<'_>> = None;
+    loop {
+        match choose(node, profile)? {
+            Plan::Go(t, f) => {
+                let f = if slot.is_some() && f.is_none() {
+                    Some("deferred")
+                } else {
+                    f
+                };
+                return Ok((t, f));
+            }
+            Plan::Wait(wait, fallback) => {
+                if slot.is_none() {
+                    let n = node
+                        .deferred
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    slot = Some(DeferSlot(&node.deferred));
+                    if n >= node.cfg.slo.max_deferred {
+                        node.metrics
+                            .fallbacks
+                            .with_label_values(&["defer-full"])
+                            .inc();
+                        return Ok((fallback, Some("defer-full")));
+                    }
+                }
+                if Instant::now() + wait > deadline {
+                    node.metrics
+                        .fallbacks
+                        .with_label_values(&["defer-expired"])
+                        .inc();
+                    return Ok((fallback, Some("defer-expired")));
+                }
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+fn upstream_request(
+    target: &Replica,
+    parsed: &ParsedRequest,
+    headers: &HeaderMap,
+) -> Result<Request<Full<Bytes>>, ApiError> {
     let uri = upstream::join(&target.base, parsed.endpoint.path()).map_err(ApiError::upstream)?;
     let mut req = Request::post(uri);
     for (k, v) in headers {
@@ -126,7 +222,10 @@ enum AttemptError {
 }
 
 /// Reads the first frame so a stream that dies before its first byte can be retried.
-async fn first_frame(resp: &mut Response<Incoming>, node: &Node) -> Result<Option<Bytes>, &'static str> {
+async fn first_frame(
+    resp: &mut Response<Incoming>,
+    node: &Node,
+) -> Result<Option<Bytes>, &'static str> {
     let body = resp.body_mut();
     let wait = async {
         loop {
@@ -156,7 +255,7 @@ pub async fn forward(
     headers: HeaderMap,
     arrived: Instant,
 ) -> Result<Response<AxumBody>, ApiError> {
-    let (targets, fallback) = choose(&node, &profile)?;
+    let (targets, fallback) = plan(&node, &profile, arrived).await?;
     let mut last_error: Option<Response<Incoming>> = None;
     let mut last_reason = "no attempt";
     for (attempt, target) in targets.iter().enumerate() {
@@ -178,7 +277,11 @@ pub async fn forward(
         );
         let req = upstream_request(r, &parsed, &headers)?;
         let dispatched = Instant::now();
-        let sent = tokio::time::timeout(node.cfg.proxy.first_byte_timeout(), node.fleet.client.request(req)).await;
+        let sent = tokio::time::timeout(
+            node.cfg.proxy.first_byte_timeout(),
+            node.fleet.client.request(req),
+        )
+        .await;
         let outcome = match sent {
             Err(_) => Err(AttemptError::Retry("first_byte_timeout", None)),
             Ok(Err(e)) => {
@@ -189,7 +292,11 @@ pub async fn forward(
                 let status = resp.status();
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     Err(AttemptError::Retry(
-                        if status == StatusCode::TOO_MANY_REQUESTS { "429" } else { "5xx" },
+                        if status == StatusCode::TOO_MANY_REQUESTS {
+                            "429"
+                        } else {
+                            "5xx"
+                        },
                         Some(resp),
                     ))
                 } else if !status.is_success() {
@@ -207,7 +314,8 @@ pub async fn forward(
         match outcome {
             Ok((resp, first)) => {
                 let matched = (target.cached_tokens / node.cfg.prefix.block_tokens.max(1)) as usize;
-                node.prefix.record(&r.prefix_cursor, r.id, &profile.blocks, matched);
+                node.prefix
+                    .record(&r.prefix_cursor, r.id, &profile.blocks, matched);
                 let track = Tracking {
                     node: node.clone(),
                     replica: r.clone(),
@@ -215,14 +323,17 @@ pub async fn forward(
                     arrived,
                     dispatched,
                     booking,
-                    forecast: target.forecast,
+                    learn: Some(target.learn),
                 };
                 return Ok(respond(&node, resp, first, &parsed, track, fallback));
             }
             Err(AttemptError::Retry(why, resp)) => {
                 drop(booking);
                 last_reason = why;
-                node.metrics.upstream_errors.with_label_values(&[&r.name, why]).inc();
+                node.metrics
+                    .upstream_errors
+                    .with_label_values(&[&r.name, why])
+                    .inc();
                 if r.health.on_failure(clock::now_ms(), &node.cfg.health) {
                     node.metrics.ejection(&r.name);
                     tracing::warn!(replica = %r.name, "replica ejected after failures ({why})");
@@ -275,7 +386,7 @@ fn respond(
     fallback: Option<&'static str>,
 ) -> Response<AxumBody> {
     let r = track.replica.clone();
-    let forecast = track.forecast;
+    let forecast = track.learn.map(|l| l.prediction);
     let (parts, body) = resp.into_parts();
     let is_sse = parts
         .headers

@@ -2,7 +2,9 @@
 
 use std::{sync::Arc, time::Instant};
 
-use crate::{fleet::Replica, policy::Forecast};
+use headroom_predictor::{Observation, Prediction, ReplicaKey};
+
+use crate::fleet::Replica;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutcomeStatus {
@@ -45,5 +47,14 @@ pub struct Outcome {
     pub e2e_s: f64,
     pub output_tokens: Option<u32>,
     pub cached_tokens: Option<u32>,
-    pub forecast: Option<Forecast>,
+    /// What the router saw and predicted at dispatch (for learning and error metrics).
+    pub learn: Option<Learn>,
+}
+
+/// The placement's model inputs and the prediction issued for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Learn {
+    pub key: ReplicaKey,
+    pub obs: Observation,
+    pub prediction: Prediction,
 }

@@ -145,7 +145,11 @@ impl SseScanner {
             }
             // The final usage chunk has no choices; drop it if the client did not ask.
             if find(data, b"\"choices\":[]").is_some() {
-                return if self.strip_usage { Verdict::Drop } else { Verdict::Pass };
+                return if self.strip_usage {
+                    Verdict::Drop
+                } else {
+                    Verdict::Pass
+                };
             }
         }
         if find(data, b"\"choices\":[{").is_some() {
@@ -192,7 +196,14 @@ mod tests {
         assert_eq!(out, all);
         assert_eq!(s.content_events, 2);
         assert_eq!(s.usage.unwrap().completion_tokens, 2);
-        assert_eq!(s.usage.unwrap().prompt_tokens_details.unwrap().cached_tokens, 3);
+        assert_eq!(
+            s.usage
+                .unwrap()
+                .prompt_tokens_details
+                .unwrap()
+                .cached_tokens,
+            3
+        );
         assert!(s.done && s.first_content.is_some());
     }
 
@@ -224,7 +235,10 @@ mod tests {
 
     #[test]
     fn upstream_error_event_is_noticed() {
-        let (s, _) = run(false, &[b"data: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n"]);
+        let (s, _) = run(
+            false,
+            &[b"data: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n"],
+        );
         assert!(s.upstream_error && s.done);
     }
 }

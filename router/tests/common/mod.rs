@@ -88,18 +88,34 @@ pub fn sse_events(chat: bool, n: usize, include_usage: bool) -> Vec<String> {
     for i in 0..n {
         let choice = if chat {
             if i == 0 {
-                format!("{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"t{i}\"}},\"logprobs\":null,\"finish_reason\":null}}")
+                format!(
+                    "{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"t{i}\"}},\"logprobs\":null,\"finish_reason\":null}}"
+                )
             } else {
-                format!("{{\"index\":0,\"delta\":{{\"content\":\" t{i}\"}},\"logprobs\":null,\"finish_reason\":{}}}", if i + 1 == n { "\"length\"" } else { "null" })
+                format!(
+                    "{{\"index\":0,\"delta\":{{\"content\":\" t{i}\"}},\"logprobs\":null,\"finish_reason\":{}}}",
+                    if i + 1 == n { "\"length\"" } else { "null" }
+                )
             }
         } else {
-            format!("{{\"index\":0,\"text\":\" t{i}\",\"logprobs\":null,\"finish_reason\":{}}}", if i + 1 == n { "\"length\"" } else { "null" })
+            format!(
+                "{{\"index\":0,\"text\":\" t{i}\",\"logprobs\":null,\"finish_reason\":{}}}",
+                if i + 1 == n { "\"length\"" } else { "null" }
+            )
         };
-        let obj = if chat { "chat.completion.chunk" } else { "text_completion" };
+        let obj = if chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
         ev.push(format!("data: {{\"id\":\"x\",\"object\":\"{obj}\",\"created\":1,\"model\":\"m\",\"choices\":[{choice}]{usage_null}}}\n\n"));
     }
     if include_usage {
-        let obj = if chat { "chat.completion.chunk" } else { "text_completion" };
+        let obj = if chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
         ev.push(format!("data: {{\"id\":\"x\",\"object\":\"{obj}\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"total_tokens\":{},\"completion_tokens\":{n}}}}}\n\n", n + 3));
     }
     ev.push("data: [DONE]\n\n".to_string());
@@ -117,7 +133,9 @@ async fn complete(State(s): State<MockState>, chat: bool, body: Bytes) -> Respon
     }
     let n = v["max_tokens"].as_u64().unwrap_or(4) as usize;
     let stream_on = v["stream"].as_bool().unwrap_or(false);
-    let usage = v["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    let usage = v["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
     match behaviour(&s) {
         Behaviour::Fail500 => {
             return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}))).into_response();
@@ -135,8 +153,10 @@ async fn complete(State(s): State<MockState>, chat: bool, body: Bytes) -> Respon
         };
         return Json(body).into_response();
     }
-    let mut items: Vec<Result<Bytes, std::io::Error>> =
-        sse_events(chat, n, usage).into_iter().map(|e| Ok(Bytes::from(e))).collect();
+    let mut items: Vec<Result<Bytes, std::io::Error>> = sse_events(chat, n, usage)
+        .into_iter()
+        .map(|e| Ok(Bytes::from(e)))
+        .collect();
     if behaviour(&s) == Behaviour::DieMidStream {
         items.truncate(2);
         items.push(Err(std::io::Error::other("replica died")));
@@ -156,7 +176,12 @@ pub async fn mock(model: &str) -> Mock {
     let behaviour = Arc::new(AtomicU32::new(0));
     let hits = Arc::new(AtomicUsize::new(0));
     let health_ok = Arc::new(AtomicU32::new(1));
-    let st = MockState { model: model.into(), behaviour: behaviour.clone(), hits: hits.clone(), health_ok: health_ok.clone() };
+    let st = MockState {
+        model: model.into(),
+        behaviour: behaviour.clone(),
+        hits: hits.clone(),
+        health_ok: health_ok.clone(),
+    };
     let app = Router::new()
         .route("/v1/completions", post(|s: State<MockState>, b: Bytes| complete(s, false, b)))
         .route("/v1/chat/completions", post(|s: State<MockState>, b: Bytes| complete(s, true, b)))
@@ -182,9 +207,18 @@ pub async fn mock(model: &str) -> Mock {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
     tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { c.cancelled().await }).await.ok();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { c.cancelled().await })
+            .await
+            .ok();
     });
-    Mock { addr, behaviour, hits, health_ok, cancel }
+    Mock {
+        addr,
+        behaviour,
+        hits,
+        health_ok,
+        cancel,
+    }
 }
 
 pub struct TestRouter {
@@ -206,7 +240,11 @@ impl Drop for TestRouter {
 }
 
 /// A router in front of `replicas`, with fast health settings, ready when returned.
-pub async fn router(replicas: &[String], policy: PolicyName, tweak: impl FnOnce(&mut RouterConfig)) -> TestRouter {
+pub async fn router(
+    replicas: &[String],
+    policy: PolicyName,
+    tweak: impl FnOnce(&mut RouterConfig),
+) -> TestRouter {
     let mut cfg = RouterConfig::default();
     cfg.policy = policy;
     cfg.listen = "127.0.0.1:0".parse().unwrap();
@@ -217,7 +255,13 @@ pub async fn router(replicas: &[String], policy: PolicyName, tweak: impl FnOnce(
     cfg.proxy.first_byte_timeout_ms = 2_000;
     cfg.proxy.idle_timeout_ms = 2_000;
     for r in replicas {
-        cfg.replicas.push(ReplicaConfig { url: r.clone(), name: None, class: None, region: None, max_batched_tokens: None });
+        cfg.replicas.push(ReplicaConfig {
+            url: r.clone(),
+            name: None,
+            class: None,
+            region: None,
+            max_batched_tokens: None,
+        });
     }
     tweak(&mut cfg);
     let cancel = CancellationToken::new();
@@ -231,15 +275,24 @@ pub async fn router(replicas: &[String], policy: PolicyName, tweak: impl FnOnce(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let all = node.fleet.replicas();
-        if all.iter().all(|r| r.health.routable() && r.models.load().known) {
+        if all
+            .iter()
+            .all(|r| r.health.routable() && r.models.load().known)
+        {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "router never became ready");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "router never became ready"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     TestRouter { addr, node, cancel }
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
 }

@@ -1,0 +1,343 @@
+//! The `slo` policy: route by predicted latency against the request's objectives.
+//!
+//! For each candidate the predictor gives TTFT and TPOT (point and calibrated upper
+//! bound). A candidate *meets* an objective when its effective bound — the larger of
+//! the calibrated bound and the point forecast plus its recent absolute error — is
+//! within it. For TPOT the objective is the tighter of the request's and of the
+//! tightest request already running there, so a placement never pushes running
+//! requests past their own TPOT objectives.
+//!
+//! Ranking: tier (both met, one missed, both missed), then violation probability, then
+//! cost (predicted latency relative to the objectives). The choice is random among
+//! near-equals (violation probability within `near_equal` of the best), with
+//! hysteresis for this node's previous pick, so nodes holding the same view do not
+//! herd. While most candidates' models are cold or stale the policy says so and ranks
+//! by outstanding tokens instead. When nothing meets both objectives the tenant's
+//! fallback applies: least-bad, defer (within the deadline), or reject.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU32, Ordering::Relaxed},
+};
+
+use headroom_predictor::{ModelState, Prediction, SharedPredictor};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Candidate, Choice, DecideCtx, Decision, Forecast, Policy, RequestProfile, baselines::TokenLoad,
+    features, rank,
+};
+use crate::config::Fallback;
+
+/// Knobs of the `slo` policy (`[slo]` in the config).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SloConfig {
+    /// Candidates whose violation probability is within this of the best are equals.
+    pub near_equal: f64,
+    /// This node's previous pick stays among the equals up to this extra margin.
+    pub hysteresis: f64,
+    /// Probability of choosing uniformly among the feasible (unbiased learning data).
+    pub explore: f64,
+    /// Below this share of warm candidates the policy routes by load instead.
+    pub min_warm_fraction: f64,
+    /// How long a deferred request waits between attempts (ms).
+    pub defer_poll_ms: u64,
+    /// Share of the TTFT objective a request may spend deferred.
+    pub defer_budget: f64,
+    /// Most requests deferred at once; beyond it they go least-bad.
+    pub max_deferred: usize,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        Self {
+            near_equal: 0.03,
+            hysteresis: 0.03,
+            explore: 0.01,
+            min_warm_fraction: 0.5,
+            defer_poll_ms: 20,
+            defer_budget: 0.5,
+            max_deferred: 1024,
+        }
+    }
+}
+
+/// How one candidate fares against the objectives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Eval {
+    /// 0 both met, 1 one missed, 2 both missed.
+    pub tier: u8,
+    /// P(TTFT or TPOT objective missed).
+    pub p_violate: f64,
+    /// Predicted latency relative to the objectives (lower is better).
+    pub cost: f64,
+    pub ttft_ok: bool,
+    pub tpot_ok: bool,
+    pub ttft_headroom_ms: f64,
+    pub tpot_headroom_ms: f64,
+}
+
+/// Judges one prediction against objectives. `tpot_guard_ms` is the tightest TPOT
+/// objective among requests already running on the replica.
+pub fn evaluate(
+    p: &Prediction,
+    ttft_slo_ms: f64,
+    tpot_slo_ms: f64,
+    tpot_guard_ms: Option<f64>,
+) -> Eval {
+    let tpot_slo = tpot_guard_ms.map_or(tpot_slo_ms, |g| g.min(tpot_slo_ms));
+    let ttft_bound = p.ttft_upper_ms.max(p.ttft_ms + p.ttft_recent_abs_err_ms);
+    let tpot_bound = p.tpot_upper_ms.max(p.tpot_ms + p.tpot_recent_abs_err_ms);
+    let ttft_ok = ttft_bound <= ttft_slo_ms;
+    let tpot_ok = tpot_bound <= tpot_slo;
+    let (pt, pp) = p.violation_probability(ttft_slo_ms, tpot_slo);
+    Eval {
+        tier: 2 - ttft_ok as u8 - tpot_ok as u8,
+        p_violate: 1.0 - (1.0 - pt) * (1.0 - pp),
+        cost: p.ttft_ms / ttft_slo_ms.max(1e-9) + p.tpot_ms / tpot_slo.max(1e-9),
+        ttft_ok,
+        tpot_ok,
+        ttft_headroom_ms: ttft_slo_ms - ttft_bound,
+        tpot_headroom_ms: tpot_slo - tpot_bound,
+    }
+}
+
+/// Best-first order over evaluations: tier, then violation probability, then cost.
+pub fn order(evals: &[Eval], rng: &mut dyn rand::RngCore) -> Vec<usize> {
+    let keys: Vec<f64> = evals
+        .iter()
+        .map(|e| e.tier as f64 * 10.0 + e.p_violate + e.cost * 1e-3)
+        .collect();
+    rank::by_cost(&keys, rng)
+}
+
+pub struct SloPolicy {
+    predictor: Arc<SharedPredictor>,
+    cfg: SloConfig,
+    /// This node's previous pick (replica id + 1; 0 = none), for hysteresis.
+    last: AtomicU32,
+}
+
+impl SloPolicy {
+    pub fn new(predictor: Arc<SharedPredictor>, cfg: SloConfig) -> Self {
+        Self {
+            predictor,
+            cfg,
+            last: AtomicU32::new(0),
+        }
+    }
+
+    /// Chooses among feasible candidates (`tier == 0`), randomised among near-equals.
+    fn pick(
+        &self,
+        cands: &[Candidate<'_>],
+        evals: &[Eval],
+        ctx: &mut DecideCtx<'_>,
+    ) -> Option<usize> {
+        let feasible: Vec<usize> = (0..evals.len()).filter(|&i| evals[i].tier == 0).collect();
+        if feasible.is_empty() {
+            return None;
+        }
+        if ctx.rng.random::<f64>() < self.cfg.explore {
+            return Some(feasible[ctx.rng.random_range(0..feasible.len())]);
+        }
+        let best = feasible
+            .iter()
+            .map(|&i| evals[i].p_violate)
+            .fold(f64::INFINITY, f64::min);
+        let last = self.last.load(Relaxed);
+        let band: Vec<usize> = feasible
+            .into_iter()
+            .filter(|&i| {
+                let margin = if cands[i].replica.id + 1 == last {
+                    self.cfg.near_equal + self.cfg.hysteresis
+                } else {
+                    self.cfg.near_equal
+                };
+                evals[i].p_violate <= best + margin
+            })
+            .collect();
+        // Weighted by speed: faster placements are likelier, never certain.
+        let weights: Vec<f64> = band.iter().map(|&i| 1.0 / (evals[i].cost + 0.05)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut x = ctx.rng.random::<f64>() * total;
+        for (k, w) in band.iter().zip(&weights) {
+            if x < *w {
+                return Some(*k);
+            }
+            x -= w;
+        }
+        band.last().copied()
+    }
+}
+
+fn forecast(p: &Prediction) -> Forecast {
+    Forecast {
+        ttft_ms: p.ttft_ms,
+        ttft_upper_ms: p.ttft_upper_ms,
+        tpot_ms: p.tpot_ms,
+        tpot_upper_ms: p.tpot_upper_ms,
+    }
+}
+
+impl Policy for SloPolicy {
+    fn name(&self) -> &'static str {
+        "slo"
+    }
+
+    fn decide(
+        &self,
+        req: &RequestProfile,
+        cands: &[Candidate<'_>],
+        ctx: &mut DecideCtx<'_>,
+    ) -> Decision {
+        let snap = self.predictor.load();
+        let preds: Vec<Prediction> = cands
+            .iter()
+            .map(|c| snap.predict(features::key(c), &features::observation(req, c)))
+            .collect();
+        let forecasts: Vec<Option<Forecast>> = preds.iter().map(|p| Some(forecast(p))).collect();
+        let warm = preds.iter().filter(|p| p.state == ModelState::Warm).count();
+        if (warm as f64) < self.cfg.min_warm_fraction * cands.len() as f64 {
+            let mut d = TokenLoad.decide(req, cands, ctx);
+            d.forecasts = forecasts;
+            d.fallback = Some("cold-model");
+            return d;
+        }
+        let evals: Vec<Eval> = cands
+            .iter()
+            .zip(&preds)
+            .map(|(c, p)| {
+                let mut e = evaluate(
+                    p,
+                    req.slo.ttft_ms,
+                    req.slo.tpot_ms,
+                    c.load().min_tpot_slo_ms,
+                );
+                // A cold replica with nothing on it is safe to try: that is how it warms.
+                if p.state != ModelState::Warm && c.load().requests == 0.0 {
+                    e.tier = 0;
+                    e.p_violate = e.p_violate.min(0.1);
+                }
+                e
+            })
+            .collect();
+        let mut ranked = order(&evals, ctx.rng);
+        match self.pick(cands, &evals, ctx) {
+            Some(choice) => {
+                ranked.retain(|&i| i != choice);
+                ranked.insert(0, choice);
+                self.last.store(cands[choice].replica.id + 1, Relaxed);
+                Decision {
+                    choice: Choice::Route(ranked),
+                    forecasts,
+                    fallback: None,
+                }
+            }
+            None => {
+                let b = ranked[0];
+                let reason = format!(
+                    "no replica can meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms; best is {} (TTFT bound {:.0} ms, TPOT bound {:.0} ms)",
+                    req.slo.ttft_ms,
+                    req.slo.tpot_ms,
+                    cands[b].replica.name,
+                    preds[b].ttft_upper_ms,
+                    preds[b].tpot_upper_ms,
+                );
+                let choice = match req.fallback {
+                    Fallback::LeastBad => Choice::Route(ranked),
+                    Fallback::Reject => Choice::Reject(reason),
+                    Fallback::Defer => Choice::Defer {
+                        retry_after_s: self.cfg.defer_poll_ms as f64 / 1e3,
+                        reason,
+                        fallback_order: ranked,
+                    },
+                };
+                Decision {
+                    choice,
+                    forecasts,
+                    fallback: Some("no-fit"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn pred(ttft: f64, tpot: f64) -> Prediction {
+        // A tight, calibrated prediction: bound 10% above the point forecast.
+        Prediction {
+            ttft_ms: ttft,
+            ttft_upper_ms: ttft * 1.1,
+            tpot_ms: tpot,
+            tpot_upper_ms: tpot * 1.1,
+            state: ModelState::Warm,
+            ttft_state: ModelState::Warm,
+            tpot_state: ModelState::Warm,
+            ttft_median_ms: ttft,
+            ttft_log_sigma: 0.1f64.ln_1p() / 1.2816,
+            tpot_median_ms: tpot,
+            tpot_log_sigma: 0.1f64.ln_1p() / 1.2816,
+            ..Prediction::default()
+        }
+    }
+
+    /// The design's worked example: objectives 800/50; A 500/65, B 650/35, C 900/25 → B.
+    #[test]
+    fn worked_example_picks_b() {
+        let evals: Vec<Eval> = [pred(500.0, 65.0), pred(650.0, 35.0), pred(900.0, 25.0)]
+            .iter()
+            .map(|p| evaluate(p, 800.0, 50.0, None))
+            .collect();
+        assert_eq!(
+            evals.iter().map(|e| e.tier).collect::<Vec<_>>(),
+            vec![1, 0, 1]
+        );
+        assert!(!evals[0].tpot_ok && evals[0].ttft_ok);
+        assert!(!evals[2].ttft_ok && evals[2].tpot_ok);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        for _ in 0..20 {
+            assert_eq!(order(&evals, &mut rng)[0], 1);
+        }
+    }
+
+    /// 150 ms of predicted headroom is not safe when recent errors exceed 200 ms.
+    #[test]
+    fn recent_error_guards_thin_headroom() {
+        let mut p = pred(650.0, 30.0);
+        p.ttft_upper_ms = 700.0;
+        let e = evaluate(&p, 800.0, 50.0, None);
+        assert!(e.ttft_ok && e.tier == 0, "with small recent errors it fits");
+        p.ttft_recent_abs_err_ms = 220.0;
+        let e = evaluate(&p, 800.0, 50.0, None);
+        assert!(!e.ttft_ok, "650 + 220 > 800: not safe");
+        assert_eq!(e.tier, 1);
+        assert!(e.ttft_headroom_ms < 0.0);
+    }
+
+    /// A placement may not push running requests past their own TPOT objectives.
+    #[test]
+    fn running_requests_tpot_guard() {
+        let p = pred(100.0, 40.0);
+        assert!(evaluate(&p, 800.0, 100.0, None).tpot_ok);
+        let e = evaluate(&p, 800.0, 100.0, Some(30.0));
+        assert!(!e.tpot_ok, "a request running there needs ≤ 30 ms");
+    }
+
+    #[test]
+    fn violation_probability_orders_within_a_tier() {
+        let evals: Vec<Eval> = [pred(700.0, 30.0), pred(300.0, 30.0)]
+            .iter()
+            .map(|p| evaluate(p, 800.0, 50.0, None))
+            .collect();
+        assert!(evals[1].p_violate < evals[0].p_violate);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        assert_eq!(order(&evals, &mut rng)[0], 1);
+    }
+}

@@ -1,0 +1,200 @@
+//! The trainer: one thread that owns the predictor's [`Learner`], fed by a bounded
+//! channel from the request path, publishing frozen snapshots the hot path reads
+//! without locks. A full channel drops (and counts) samples rather than block a request.
+//!
+//! The learner's time axis is wall-clock seconds, so statistics from different nodes
+//! share a landmark and merge exactly.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use headroom_predictor::{FederationSlot, Learner, PredictorConfig, Sample, SharedPredictor};
+use parking_lot::Mutex;
+
+/// Queue length between the request path and the trainer.
+const QUEUE: usize = 8192;
+
+pub fn wall_s() -> f64 {
+    crate::clock::unix_ms() as f64 / 1e3
+}
+
+enum Msg {
+    Sample(Box<Sample>),
+    PeerSlot(Box<FederationSlot>),
+    ForgetPeer(String),
+    Export(Sender<FederationSlot>),
+}
+
+pub struct Trainer {
+    tx: Mutex<Option<Sender<Msg>>>,
+    pub shared: Arc<SharedPredictor>,
+    pub dropped: AtomicU64,
+    pub learned: Arc<AtomicU64>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+    node_id: String,
+}
+
+impl Trainer {
+    /// Starts the trainer thread. With `state_file`, the learner warm-starts from it
+    /// (if present and valid) and saves to it on shutdown.
+    pub fn start(
+        cfg: PredictorConfig,
+        node_id: &str,
+        publish_every: Duration,
+        state_file: Option<PathBuf>,
+    ) -> Arc<Trainer> {
+        let mut learner = match state_file.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            Some(bytes) => match Learner::load_state(cfg.clone(), &bytes) {
+                Ok(l) => {
+                    tracing::info!("predictor warm-started from {:?}", state_file);
+                    l
+                }
+                Err(e) => {
+                    tracing::warn!("ignoring predictor state {:?}: {e}", state_file);
+                    Learner::new(cfg)
+                }
+            },
+            None => Learner::new(cfg),
+        };
+        learner.set_node_id(node_id);
+        let shared = Arc::new(SharedPredictor::new(learner.snapshot(wall_s())));
+        let (tx, rx) = bounded(QUEUE);
+        let learned = Arc::new(AtomicU64::new(0));
+        let handle = {
+            let shared = shared.clone();
+            let learned = learned.clone();
+            let node_id = node_id.to_string();
+            std::thread::Builder::new()
+                .name("headroom-trainer".into())
+                .spawn(move || {
+                    run(
+                        learner,
+                        rx,
+                        shared,
+                        publish_every,
+                        state_file,
+                        learned,
+                        node_id,
+                    )
+                })
+                .expect("spawning the trainer thread")
+        };
+        Arc::new(Trainer {
+            tx: Mutex::new(Some(tx)),
+            shared,
+            dropped: AtomicU64::new(0),
+            learned,
+            handle: Mutex::new(Some(handle)),
+            node_id: node_id.to_string(),
+        })
+    }
+
+    fn send(&self, m: Msg) -> bool {
+        match self.tx.lock().as_ref() {
+            Some(tx) => tx.try_send(m).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Hands an outcome to the trainer; never blocks.
+    pub fn submit(&self, s: Sample) {
+        if !self.send(Msg::Sample(Box::new(s))) {
+            self.dropped.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A peer's federation slot arrived.
+    pub fn merge_peer(&self, slot: FederationSlot) {
+        self.send(Msg::PeerSlot(Box::new(slot)));
+    }
+
+    pub fn forget_peer(&self, node: &str) {
+        self.send(Msg::ForgetPeer(node.to_string()));
+    }
+
+    /// This node's slot for gossip (waits briefly for the trainer).
+    pub fn export_slot(&self) -> Option<FederationSlot> {
+        let (tx, rx) = bounded(1);
+        if !self.send(Msg::Export(tx)) {
+            return None;
+        }
+        rx.recv_timeout(Duration::from_secs(1)).ok()
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Stops the thread (saving state if configured) and waits for it.
+    pub fn shutdown(&self) {
+        self.tx.lock().take();
+        if let Some(h) = self.handle.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn run(
+    mut learner: Learner,
+    rx: Receiver<Msg>,
+    shared: Arc<SharedPredictor>,
+    publish_every: Duration,
+    state_file: Option<PathBuf>,
+    learned: Arc<AtomicU64>,
+    node_id: String,
+) {
+    let mut dirty = false;
+    let mut last_publish = std::time::Instant::now();
+    loop {
+        match rx.recv_timeout(publish_every) {
+            Ok(Msg::Sample(s)) => {
+                learner.observe(&s);
+                learned.fetch_add(1, Relaxed);
+                dirty = true;
+            }
+            Ok(Msg::PeerSlot(slot)) => {
+                if let Err(e) = learner.merge_peer_slot(*slot) {
+                    tracing::debug!("peer predictor slot refused: {e}");
+                }
+                dirty = true;
+            }
+            Ok(Msg::ForgetPeer(n)) => dirty |= learner.forget_peer(&n),
+            Ok(Msg::Export(reply)) => {
+                let _ = reply.try_send(learner.export_slot(&node_id, wall_s()));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if dirty && last_publish.elapsed() >= publish_every {
+            let now = wall_s();
+            learner.tick(now);
+            shared.store(learner.snapshot(now));
+            dirty = false;
+            last_publish = std::time::Instant::now();
+        }
+    }
+    if let Some(p) = state_file {
+        match learner.save_state() {
+            Ok(bytes) => {
+                if let Err(e) = std::fs::write(&p, bytes) {
+                    tracing::warn!("cannot save predictor state to {p:?}: {e}");
+                }
+            }
+            Err(e) => tracing::warn!("cannot encode predictor state: {e}"),
+        }
+    }
+}
