@@ -16,9 +16,10 @@
 #      HEADROOM_VLLM_TIMEOUT (seconds to healthy, default 240),
 #      HEADROOM_VLLM_EXTRA_ARGS (extra api_server flags, word-split).
 #
-# Invariants: every process started here carries HEADROOM_VLLM_RUN_ID in its
-# environment (children inherit it); stop.sh finds and kills by that, so nothing
-# outlives the run. On any failure here, whatever was started is stopped.
+# Invariants: every process started here runs in $RUN/scratch/I and carries
+# HEADROOM_VLLM_RUN_ID in its environment (children inherit both); stop.sh finds and
+# kills by those, so nothing outlives the run. On any failure here, whatever was
+# started is stopped.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,7 +48,9 @@ fi
 [[ -f "$MODEL/headroom-model.json" && -f "$MODEL/config.json" ]] \
     || die "no tiny model at $MODEL; run scripts/vllm/prepare.sh (or make-tiny-model.py in the venv)"
 command -v curl >/dev/null || die "curl is required"
-VPY="$VENV/bin/python"
+# Absolute paths: each server runs in its own scratch dir.
+MODEL="$(cd "$MODEL" && pwd)"
+VPY="$(cd "$VENV/bin" && pwd)/python"
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -107,23 +110,27 @@ for ((i = 0; i < N; i++)); do
     mkdir -p "$scratch/tmp" "$scratch/vllm-cache" "$scratch/inductor" "$scratch/hf"
     started=1
     # setsid: own process group, so a terminal's Ctrl-C does not reach it and
-    # stop.sh can signal the whole server at once.
-    env HEADROOM_VLLM_RUN_ID="$RUN_ID" \
-        VLLM_TARGET_DEVICE=cpu \
-        VLLM_CPU_KVCACHE_SPACE=1 \
-        VLLM_CPU_OMP_THREADS_BIND="$((i % cores))" \
-        VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$scratch/hf" \
-        TMPDIR="$scratch/tmp" \
-        VLLM_CACHE_ROOT="$scratch/vllm-cache" \
-        TORCHINDUCTOR_CACHE_DIR="$scratch/inductor" \
-        setsid "$VPY" -m vllm.entrypoints.openai.api_server \
-        --model "$MODEL" --served-model-name tiny-llama \
-        --host 127.0.0.1 --port "$port" \
-        --max-model-len 4096 --enable-prefix-caching --enforce-eager \
-        --block-size 32 --num-gpu-blocks-override 256 \
-        "${extra[@]}" \
-        >"$RUN/server-$i.log" 2>&1 </dev/null &
+    # stop.sh can signal the whole server at once. The cwd (scratch dir) marks the
+    # server and its children as ours even after vLLM retitles them.
+    (
+        cd "$scratch"
+        exec env HEADROOM_VLLM_RUN_ID="$RUN_ID" \
+            VLLM_TARGET_DEVICE=cpu \
+            VLLM_CPU_KVCACHE_SPACE=1 \
+            VLLM_CPU_OMP_THREADS_BIND="$((i % cores))" \
+            VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+            HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$scratch/hf" \
+            TMPDIR="$scratch/tmp" \
+            VLLM_CACHE_ROOT="$scratch/vllm-cache" \
+            TORCHINDUCTOR_CACHE_DIR="$scratch/inductor" \
+            setsid "$VPY" -m vllm.entrypoints.openai.api_server \
+            --model "$MODEL" --served-model-name tiny-llama \
+            --host 127.0.0.1 --port "$port" \
+            --max-model-len 4096 --enable-prefix-caching --enforce-eager \
+            --block-size 32 --num-gpu-blocks-override 256 \
+            "${extra[@]}" \
+            >"$RUN/server-$i.log" 2>&1 </dev/null
+    ) &
     pid=$!
     echo "$pid" >"$RUN/server-$i.pid"
     echo "$port" >"$RUN/server-$i.port"
