@@ -279,11 +279,17 @@ impl Learner {
         let cfg = cfg.sanitized();
         let k = Knobs::new(&cfg);
         let cold = ScoreQuantiles::new(k.cold_hi, 0.0);
+        let mut st = LearnerState::default();
+        // Classes with a configured prior are known (and predicted from it) before any label.
+        for p in &cfg.priors {
+            st.classes
+                .insert(p.class, Self::new_class(&cfg, &k, p.class, &cold, &cold));
+        }
         Self {
             fp: cfg.feature_params(),
             k,
             cfg,
-            st: LearnerState::default(),
+            st,
             global_ttft_q: cold,
             global_tpot_q: cold,
             counters: Arc::new(Counters::default()),

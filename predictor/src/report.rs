@@ -24,12 +24,12 @@ pub struct TargetDiag {
     pub labels: u64,
     /// Labels behind peers' corrections for this replica.
     pub peer_labels: u64,
-    /// EWMA of 1{y ≤ issued upper bound}; NaN until labelled.
-    pub coverage: f64,
-    /// EWMA of |y − ŷ| (ms).
-    pub recent_abs_err_ms: f64,
-    /// EWMA of |log(y/ŷ)|.
-    pub recent_log_err: f64,
+    /// EWMA of 1{y ≤ issued upper bound}; None until labelled (and for classes).
+    pub coverage: Option<f64>,
+    /// EWMA of |y − ŷ| (ms); None for classes.
+    pub recent_abs_err_ms: Option<f64>,
+    /// EWMA of |log(y/ŷ)|; None for classes.
+    pub recent_log_err: Option<f64>,
     /// Per-replica log-correction c (merged over peers), and whether predictions use it.
     pub correction_log: f64,
     pub correction_applied: bool,
@@ -39,8 +39,8 @@ pub struct TargetDiag {
     pub bound_source: BoundSource,
     pub drift_alarms: u64,
     pub drift_active: bool,
-    /// Newest label time (seconds); −∞ if none.
-    pub last_label_s: f64,
+    /// Newest label time (seconds); None if none.
+    pub last_label_s: Option<f64>,
     /// Weighted relative residual s.d. of the class fit.
     pub class_fit_rel_sd: f64,
     /// Forward-decayed label count behind the class fit, as of the snapshot.

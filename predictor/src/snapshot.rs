@@ -81,11 +81,9 @@ fn diag(
         state: p_state,
         labels: rt.map_or(class_labels, |r| r.labels),
         peer_labels: rt.map_or(0, |r| r.peer_labels),
-        coverage: rt
-            .filter(|r| r.coverage_n > 0)
-            .map_or(f64::NAN, |r| r.coverage),
-        recent_abs_err_ms: rt.map_or(f64::NAN, |r| r.err.abs_ms),
-        recent_log_err: rt.map_or(f64::NAN, |r| r.err.log),
+        coverage: rt.filter(|r| r.coverage_n > 0).map(|r| r.coverage),
+        recent_abs_err_ms: rt.filter(|r| r.err.n > 0).map(|r| r.err.abs_ms),
+        recent_log_err: rt.filter(|r| r.err.n > 0).map(|r| r.err.log),
         correction_log: rt.map_or(0.0, |r| r.merged_correction(tau)),
         correction_applied: applied,
         upper_log_quantile: upper_mult.ln(),
@@ -93,9 +91,9 @@ fn diag(
         bound_source: src,
         drift_alarms: rt.map_or(0, |r| r.alarms),
         drift_active: rt.is_some_and(|r| r.boost_until_s > now_s),
-        last_label_s: rt.map_or(f64::NEG_INFINITY, |r| {
-            r.last_label_s.max(r.peer_last_label_s)
-        }),
+        last_label_s: rt
+            .map(|r| r.last_label_s.max(r.peer_last_label_s))
+            .filter(|t| t.is_finite()),
         class_fit_rel_sd: resid_var.sqrt(),
         class_effective_labels: effective,
     }

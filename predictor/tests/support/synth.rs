@@ -298,3 +298,8 @@ pub fn tpot(rng: &mut ChaCha8Rng, e: &Engine, s: &Situation) -> f64 {
     }
     total / steps as f64
 }
+
+/// Multiply by lognormal noise of log-s.d. `sigma` (unpredictable per-request variation).
+pub fn noisy(rng: &mut ChaCha8Rng, y: f64, sigma: f64) -> f64 {
+    y * LogNormal::new(0.0, sigma).map_or(1.0, |d| d.sample(rng))
+}

@@ -1,0 +1,220 @@
+//! Calibrated bounds: coverage converges to the target, recovers after drift, the
+//! recent-error guard widens bounds, censored labels only tighten calibration upward,
+//! and violation probabilities match observed frequencies.
+
+mod support;
+
+use headroom_predictor::{Learner, Prediction, PredictorConfig, ReplicaKey, Sample, Snapshot};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use support::synth::{self, Engine, Load};
+
+const NOISE: f64 = 0.25;
+
+struct Outcome {
+    p: Prediction,
+    ttft: f64,
+    tpot: f64,
+}
+
+/// Prequential run on one replica; labels carry the issued prediction.
+fn run(l: &mut Learner, rng: &mut ChaCha8Rng, eng: &Engine, n: usize, t0: f64) -> Vec<Outcome> {
+    let key = ReplicaKey::new(1, 0);
+    let mut snap: Snapshot = l.snapshot(t0);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = t0 + i as f64;
+        if i % 5 == 0 {
+            snap = l.snapshot(at);
+        }
+        let s = synth::situation(rng, eng, &Load::moderate());
+        let ttft = synth::ttft(rng, eng, &s);
+        let ttft = synth::noisy(rng, ttft, NOISE);
+        let tpot = synth::tpot(rng, eng, &s);
+        let tpot = synth::noisy(rng, tpot, NOISE);
+        let p = snap.predict(key, &s.obs);
+        l.observe(&Sample {
+            key,
+            obs: s.obs,
+            at_s: at,
+            ttft_ms: Some(ttft),
+            tpot_ms: Some(tpot),
+            output_tokens: 100,
+            censored: false,
+            predicted: Some(p),
+        });
+        out.push(Outcome { p, ttft, tpot });
+    }
+    out
+}
+
+fn coverage(v: &[Outcome]) -> (f64, f64) {
+    let n = v.len() as f64;
+    (
+        v.iter().filter(|o| o.ttft <= o.p.ttft_upper_ms).count() as f64 / n,
+        v.iter().filter(|o| o.tpot <= o.p.tpot_upper_ms).count() as f64 / n,
+    )
+}
+
+#[test]
+fn p90_bound_coverage_converges_to_0_90_on_stationary_noise() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let v = run(&mut l, &mut rng, &Engine::h100(), 6000, 0.0);
+    let (ct, cp) = coverage(&v[2000..]);
+    let width: Vec<f64> = v[2000..]
+        .iter()
+        .map(|o| o.p.ttft_upper_ms / o.p.ttft_ms)
+        .collect();
+    let mean_width = width.iter().sum::<f64>() / width.len() as f64;
+    eprintln!(
+        "stationary: TTFT coverage {ct:.3} (mean U/μ {mean_width:.2}), TPOT coverage {cp:.3}"
+    );
+    assert!((ct - 0.90).abs() <= 0.02, "TTFT coverage {ct:.3}");
+    assert!((cp - 0.90).abs() <= 0.02, "TPOT coverage {cp:.3}");
+    let reported = l.coverage(1).expect("known replica");
+    assert!(
+        (reported.0 - 0.9).abs() < 0.1,
+        "reported EWMA coverage {:.3}",
+        reported.0
+    );
+}
+
+#[test]
+fn coverage_recovers_within_a_bounded_number_of_labels_after_a_2x_drift() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    run(&mut l, &mut rng, &Engine::a100(), 3000, 0.0);
+    let after = run(&mut l, &mut rng, &Engine::a100().slowed(2.0), 2000, 3000.0);
+    let (first, _) = coverage(&after[..20]);
+    let (recovered, _) = coverage(&after[150..1150]);
+    let (late, _) = coverage(&after[1000..]);
+    eprintln!(
+        "2x drift: TTFT coverage {first:.2} in the first 20 labels, {recovered:.3} over labels 150-1150, {late:.3} after 1000"
+    );
+    assert!(
+        first < 0.6,
+        "the drift breaks the bound at first ({first:.2})"
+    );
+    assert!(
+        (recovered - 0.90).abs() <= 0.03,
+        "recovered within 150 labels: {recovered:.3}"
+    );
+    assert!((late - 0.90).abs() <= 0.03, "{late:.3}");
+}
+
+#[test]
+fn a_prediction_whose_recent_errors_exceed_its_headroom_gets_a_wide_bound() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let eng = Engine::h100();
+    run(&mut l, &mut rng, &eng, 1000, 0.0);
+    let key = ReplicaKey::new(1, 0);
+    let probe = synth::situation(&mut rng, &eng, &Load::moderate()).obs;
+    let calm = l.snapshot(1000.0).predict(key, &probe);
+    assert!(
+        !calm.ttft_guarded,
+        "no guard while errors are within the headroom"
+    );
+    // The replica suddenly runs 3× slower than predicted for a handful of labels.
+    for i in 0..8 {
+        let s = synth::situation(&mut rng, &eng, &Load::moderate());
+        let p = l.snapshot(1000.0 + i as f64).predict(key, &s.obs);
+        l.observe(&Sample {
+            key,
+            obs: s.obs,
+            at_s: 1000.0 + i as f64,
+            ttft_ms: Some(3.0 * p.ttft_ms),
+            predicted: Some(p),
+            ..Default::default()
+        });
+    }
+    let rough = l.snapshot(1010.0).predict(key, &probe);
+    eprintln!(
+        "guard: calm U/μ {:.2}, after 8 bad labels U/μ {:.2} (guarded {})",
+        calm.ttft_upper_ms / calm.ttft_ms,
+        rough.ttft_upper_ms / rough.ttft_ms,
+        rough.ttft_guarded
+    );
+    assert!(rough.ttft_guarded);
+    assert!(
+        rough.ttft_upper_ms / rough.ttft_ms >= 2.0 * calm.ttft_upper_ms / calm.ttft_ms,
+        "the bound is widened well beyond the calibrated one"
+    );
+    assert!(rough.ttft_upper_ms >= 2.0 * rough.ttft_ms);
+    assert!(rough.ttft_recent_abs_err_ms > calm.ttft_recent_abs_err_ms);
+}
+
+#[test]
+fn censored_samples_update_calibration_only_and_only_upward() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let eng = Engine::h100();
+    run(&mut l, &mut rng, &eng, 500, 0.0);
+    l.tick(500.0);
+    let key = ReplicaKey::new(1, 0);
+    let coef = l
+        .coefficients(0, headroom_predictor::TARGET_TTFT)
+        .expect("class 0");
+    let before = l.snapshot(500.0).replica_report(1).expect("known").ttft;
+    let s = synth::situation(&mut rng, &eng, &Load::moderate());
+    let p = l.snapshot(500.0).predict(key, &s.obs);
+    // Cancelled well before the bound: says nothing about a miss.
+    l.observe(&Sample {
+        key,
+        obs: s.obs,
+        at_s: 500.5,
+        ttft_ms: Some(0.5 * p.ttft_ms),
+        censored: true,
+        predicted: Some(p),
+        ..Default::default()
+    });
+    let mid = l.snapshot(500.5).replica_report(1).expect("known").ttft;
+    assert_eq!(mid.upper_log_quantile, before.upper_log_quantile);
+    // Timed out beyond the bound: a certain miss.
+    l.observe(&Sample {
+        key,
+        obs: s.obs,
+        at_s: 501.0,
+        ttft_ms: Some(2.0 * p.ttft_upper_ms),
+        censored: true,
+        predicted: Some(p),
+        ..Default::default()
+    });
+    l.tick(501.0);
+    let after = l.snapshot(501.0).replica_report(1).expect("known").ttft;
+    assert!(after.upper_log_quantile > before.upper_log_quantile);
+    assert_eq!(
+        after.labels, before.labels,
+        "censored samples are not regression labels"
+    );
+    assert_eq!(
+        l.coefficients(0, headroom_predictor::TARGET_TTFT),
+        Some(coef)
+    );
+}
+
+#[test]
+fn violation_probabilities_match_observed_frequencies() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let eng = Engine::h100();
+    run(&mut l, &mut rng, &eng, 2000, 0.0);
+    let v = run(&mut l, &mut rng, &eng, 4000, 2000.0);
+    // An SLO per request at its own predicted median ×1.3, and a fixed SLO.
+    for (name, slo) in [("relative", None), ("fixed 150 ms", Some(150.0))] {
+        let (mut expected, mut observed) = (0.0, 0.0);
+        for o in &v {
+            let s = slo.unwrap_or(1.3 * o.p.ttft_ms);
+            expected += o.p.violation_probability(s, 1e9).0;
+            observed += if o.ttft > s { 1.0 } else { 0.0 };
+        }
+        let n = v.len() as f64;
+        eprintln!(
+            "{name}: predicted P(violation) {:.3}, observed {:.3}",
+            expected / n,
+            observed / n
+        );
+        assert!((expected - observed).abs() / n < 0.03, "{name}");
+    }
+}

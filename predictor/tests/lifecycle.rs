@@ -1,0 +1,218 @@
+//! Cold → Warm → Stale transitions, priors, and sanitisation of hostile inputs.
+
+mod support;
+
+use headroom_predictor::features::{GENERIC_TTFT_THETA, TTFT_DIM, ttft_features};
+use headroom_predictor::{
+    BoundSource, ClassPrior, Learner, ModelState, Observation, PredictorConfig, ReplicaKey, Sample,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use support::synth::{self, Engine, Load};
+
+fn label(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64) {
+    let eng = Engine::h100();
+    let s = synth::situation(rng, &eng, &Load::moderate());
+    let y = synth::ttft(rng, &eng, &s);
+    let z = synth::tpot(rng, &eng, &s);
+    l.observe(&Sample {
+        key,
+        obs: s.obs,
+        at_s: at,
+        ttft_ms: Some(y),
+        tpot_ms: Some(z),
+        output_tokens: 50,
+        ..Default::default()
+    });
+}
+
+#[test]
+fn cold_then_warm_then_stale_then_warm_again() {
+    let cfg = PredictorConfig::default();
+    let mut l = Learner::new(cfg.clone());
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let key = ReplicaKey::new(5, 1);
+    let obs = synth::situation(&mut rng, &Engine::h100(), &Load::moderate()).obs;
+
+    let p = l.snapshot(0.0).predict(key, &obs);
+    assert_eq!(p.state, ModelState::Cold);
+    assert!(p.ttft_ms.is_finite() && p.ttft_ms > 0.0 && p.tpot_ms > 0.0);
+    assert!(
+        p.ttft_upper_ms >= cfg.cold_upper_factor * p.ttft_ms * 0.999,
+        "cold bounds are wide"
+    );
+
+    for i in 0..10 {
+        label(&mut l, &mut rng, key, i as f64);
+    }
+    assert_eq!(
+        l.snapshot(10.0).predict(key, &obs).state,
+        ModelState::Cold,
+        "10 labels are not enough"
+    );
+
+    for i in 10..200 {
+        label(&mut l, &mut rng, key, i as f64);
+    }
+    let warm = l.snapshot(200.0).predict(key, &obs);
+    assert_eq!(warm.state, ModelState::Warm);
+    assert!(
+        warm.ttft_upper_ms / warm.ttft_ms < p.ttft_upper_ms / p.ttft_ms,
+        "bounds tighten once calibrated"
+    );
+
+    let later = 199.0 + cfg.stale_after_s + 1.0;
+    assert_eq!(
+        l.snapshot(later).predict(key, &obs).state,
+        ModelState::Stale
+    );
+    assert_eq!(
+        l.snapshot(later).replica_report(5).expect("known").state,
+        ModelState::Stale
+    );
+
+    label(&mut l, &mut rng, key, later);
+    assert_eq!(l.snapshot(later).predict(key, &obs).state, ModelState::Warm);
+}
+
+#[test]
+fn a_new_replica_of_a_warm_class_borrows_the_class_model_and_bounds() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    for i in 0..300 {
+        label(&mut l, &mut rng, ReplicaKey::new(i % 3, 1), i as f64);
+    }
+    let snap = l.snapshot(300.0);
+    let obs = synth::situation(&mut rng, &Engine::h100(), &Load::moderate()).obs;
+    let fresh = snap.predict(ReplicaKey::new(99, 1), &obs);
+    assert_eq!(fresh.state, ModelState::Warm);
+    let class = &snap.class_reports()[0];
+    assert_eq!(class.ttft.bound_source, BoundSource::Class);
+    // An unknown class falls back to the generic prior, Cold.
+    let stranger = snap.predict(ReplicaKey::new(100, 42), &obs);
+    assert_eq!(stranger.state, ModelState::Cold);
+    assert!(stranger.ttft_ms.is_finite());
+}
+
+#[test]
+fn a_configured_prior_drives_cold_predictions() {
+    let theta = [10.0, 5.0, 30.0, 10.0, 50.0, 2.0, 8.0];
+    let cfg = PredictorConfig {
+        priors: vec![ClassPrior {
+            class: 3,
+            ttft_theta: theta.to_vec(),
+            tpot_theta: vec![7.0, 0.01, 5.0, 3.0, 1.0, 0.0],
+            kappa: 50.0,
+        }],
+        ..Default::default()
+    };
+    let l = Learner::new(cfg.clone());
+    let obs = Observation {
+        prompt_tokens: 2000.0,
+        queued_prefill_tokens: 3000.0,
+        queued_requests: 2.0,
+        decoding_requests: 10.0,
+        decode_context_tokens: 20_000.0,
+        ..Default::default()
+    };
+    let x = ttft_features(
+        &obs,
+        &headroom_predictor::features::FeatureParams {
+            default_max_batched_tokens: cfg.default_max_batched_tokens,
+            metric_fresh_s: cfg.metric_fresh_s,
+        },
+    );
+    let dot = |t: &[f64; TTFT_DIM]| t.iter().zip(&x).map(|(a, b)| a * b).sum::<f64>();
+    let snap = l.snapshot(0.0);
+    let p3 = snap.predict(ReplicaKey::new(1, 3), &obs);
+    let p4 = snap.predict(ReplicaKey::new(1, 4), &obs);
+    assert!(
+        (p3.ttft_ms - dot(&theta)).abs() < 1e-9,
+        "class 3 uses its prior"
+    );
+    assert!(
+        (p4.ttft_ms - dot(&GENERIC_TTFT_THETA)).abs() < 1e-9,
+        "others use the generic one"
+    );
+}
+
+#[test]
+fn hostile_inputs_are_sanitised_counted_and_never_nan() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let key = ReplicaKey::new(1, 0);
+    for i in 0..100 {
+        label(&mut l, &mut rng, key, i as f64);
+    }
+    let evil = Observation {
+        prompt_tokens: f64::NAN,
+        cached_tokens: f64::INFINITY,
+        expected_output_tokens: -5.0,
+        queued_prefill_tokens: f64::INFINITY,
+        queued_requests: f64::NAN,
+        queued_attention_pairs: f64::MAX,
+        decoding_requests: f64::NEG_INFINITY,
+        decode_context_tokens: 1e300,
+        decode_remaining_tokens: f64::NAN,
+        prefill_inflow_tps: f64::INFINITY,
+        kv_usage: 7.0,
+        kv_capacity_tokens: -1.0,
+        scraped_waiting: f64::NAN,
+        scraped_running: f64::INFINITY,
+        preemption_rate: f64::NAN,
+        metric_age_s: f64::NEG_INFINITY,
+        max_batched_tokens: f64::NAN,
+    };
+    let snap = l.snapshot(100.0);
+    let p = snap.predict(key, &evil);
+    for v in [
+        p.ttft_ms,
+        p.ttft_upper_ms,
+        p.tpot_ms,
+        p.tpot_upper_ms,
+        p.ttft_log_sigma,
+        p.tpot_median_ms,
+    ] {
+        assert!(v.is_finite() && v > 0.0, "{p:?}");
+    }
+    let (a, b) = p.violation_probability(100.0, 50.0);
+    assert!((0.0..=1.0).contains(&a) && (0.0..=1.0).contains(&b));
+    assert_eq!(snap.counters().sanitized_predictions, 1);
+
+    // Bad labels are rejected and leave the model untouched.
+    let probe = synth::situation(&mut rng, &Engine::h100(), &Load::moderate()).obs;
+    l.tick(100.0);
+    let before = l.snapshot(100.0).predict(key, &probe);
+    for bad in [f64::NAN, f64::INFINITY, -1.0, 0.0] {
+        l.observe(&Sample {
+            key,
+            obs: probe,
+            at_s: 100.0,
+            ttft_ms: Some(bad),
+            ..Default::default()
+        });
+    }
+    l.observe(&Sample {
+        key,
+        obs: probe,
+        at_s: f64::NAN,
+        ttft_ms: Some(100.0),
+        ..Default::default()
+    });
+    l.tick(100.0);
+    assert_eq!(l.counters().rejected_labels, 5);
+    assert_eq!(l.snapshot(100.0).predict(key, &probe), before);
+
+    // A hostile observation with a good label is sanitised and learned from without NaN.
+    l.observe(&Sample {
+        key,
+        obs: evil,
+        at_s: 101.0,
+        ttft_ms: Some(200.0),
+        ..Default::default()
+    });
+    l.tick(101.0);
+    assert_eq!(l.counters().sanitized_samples, 1);
+    let after = l.snapshot(101.0).predict(key, &probe);
+    assert!(after.ttft_ms.is_finite() && after.ttft_upper_ms.is_finite());
+}
