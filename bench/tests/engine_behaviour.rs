@@ -352,3 +352,20 @@ fn same_seed_same_trace_and_clones_agree() {
     let b = run(&mut fork);
     assert_eq!(a, b, "a clone runs forward identically");
 }
+
+#[test]
+fn full_sequence_admission_never_preempts() {
+    let mut p = Profile::by_name("a100-llama3-8b").expect("profile");
+    p.num_gpu_blocks = 600;
+    p.max_model_len = 4096;
+    p.admission = headroom_bench::engine::Admission::FullSequence;
+    let mut e = Engine::new(&p, 3).expect("engine");
+    for id in 0..24u64 {
+        let (l, h) = prompt(id as u32, 300 + (id as u32 * 37) % 200);
+        e.submit(EngineRequest::new(id, l, h, 600)).expect("submit");
+    }
+    run(&mut e);
+    let st = e.stats();
+    assert_eq!(st.preemptions, 0, "reservation covers every output token");
+    assert_eq!(st.finished_length, 24);
+}

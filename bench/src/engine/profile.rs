@@ -157,7 +157,7 @@ const PROFILES: &[Row] = &[
     Row {
         name: "rtx4090-llama3-8b",
         summary: "RTX 4090-24GB, Llama-3.1-8B BF16 TP1; 2588 KV blocks measured (vLLM 0.19), \
-                  constants calibrated against the LLMServingSim measured run",
+                  datasheet roofline checked against the LLMServingSim measured run",
         num_gpu_blocks: 2_588,
         max_num_batched_tokens: 2048,
         max_num_seqs: 256,
@@ -166,10 +166,28 @@ const PROFILES: &[Row] = &[
             t0_ms: 0.6,
             c_req_ms: 0.008,
             w_ms: 19.5,
-            t_tok_ms: 0.085,
-            n0_tokens: 224,
-            alpha_ms: 1.75e-4,
-            beta_ms: 4.0e-6,
+            t_tok_ms: 0.090,
+            n0_tokens: 216,
+            alpha_ms: 1.7e-4,
+            beta_ms: 5.5e-6,
+        },
+    },
+    Row {
+        name: "rtxpro6000-llama3-8b",
+        summary: "RTX PRO 6000 Blackwell-96GB, Llama-3.1-8B BF16 TP1; datasheet roofline \
+                  (1.79 TB/s, ~504 TFLOPS BF16), limits of the LLMServingSim measured run",
+        num_gpu_blocks: 35_000,
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 128,
+        max_model_len: 131_072,
+        cost: StepCost {
+            t0_ms: 0.6,
+            c_req_ms: 0.008,
+            w_ms: 11.1,
+            t_tok_ms: 0.042,
+            n0_tokens: 264,
+            alpha_ms: 9.5e-5,
+            beta_ms: 2.1e-6,
         },
     },
 ];

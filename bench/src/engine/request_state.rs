@@ -28,6 +28,8 @@ pub(crate) struct ReqState {
     /// Salt for hashes of blocks the caller did not hash (unique per submission).
     pub(crate) salt: u64,
     pub(crate) table: Vec<u32>,
+    /// Blocks reserved for the whole sequence (`Admission::FullSequence`), else 0.
+    pub(crate) reserve_blocks: u32,
     /// Leading blocks of `table` already offered to the prefix cache.
     pub(crate) hashed: u32,
     pub(crate) num_computed: u32,
@@ -51,6 +53,7 @@ impl ReqState {
             hashes: Vec::new(),
             salt: 0,
             table: Vec::new(),
+            reserve_blocks: 0,
             hashed: 0,
             num_computed: 0,
             generated: 0,
@@ -66,6 +69,12 @@ impl ReqState {
     #[inline]
     pub(crate) fn total(&self) -> u32 {
         self.prompt + self.generated
+    }
+
+    /// Blocks this running request may still grow into under its reservation.
+    #[inline]
+    pub(crate) fn growth_reserved(&self) -> u64 {
+        u64::from(self.reserve_blocks.saturating_sub(self.table.len() as u32))
     }
 
     /// Hash of full block `j`, extending the per-request chain when needed.

@@ -54,6 +54,8 @@ pub struct Engine {
     rng: ChaCha8Rng,
     seed: u64,
     submissions: u64,
+    /// Σ over running requests of `growth_reserved()` (0 unless FullSequence).
+    growth_reserved: u64,
     stats: EngineStats,
 }
 
@@ -84,6 +86,7 @@ impl Engine {
             rng: ChaCha8Rng::seed_from_u64(seed),
             seed,
             submissions: 0,
+            growth_reserved: 0,
             stats: EngineStats {
                 num_gpu_blocks: profile.num_gpu_blocks,
                 block_size: profile.block_size,
@@ -209,6 +212,10 @@ impl Engine {
             Some(n) if n >= 1 && n < req.max_output_tokens => (n, FinishReason::Stop),
             _ => (req.max_output_tokens, FinishReason::Length),
         };
+        let reserve_blocks = match self.profile.admission {
+            Admission::FullInput => 0,
+            Admission::FullSequence => blocks_for(req.prompt_tokens + req.max_output_tokens, bs),
+        };
         let mut table = std::mem::take(&mut r.table);
         table.clear();
         *r = ReqState {
@@ -221,6 +228,7 @@ impl Engine {
             hashes: req.block_hashes,
             salt,
             table,
+            reserve_blocks,
             arrival_s,
             last_token_s: arrival_s,
             ..ReqState::vacant()
@@ -237,6 +245,7 @@ impl Engine {
         };
         match self.reqs[slot as usize].phase {
             Phase::Running => {
+                self.growth_reserved -= self.reqs[slot as usize].growth_reserved();
                 if let Some(pos) = self.running.iter().position(|&s| s == slot) {
                     self.running.remove(pos);
                 }
@@ -302,6 +311,17 @@ impl Engine {
                 self.pool.usable()
             ));
         }
+        let promised: u64 = self
+            .running
+            .iter()
+            .map(|&s| self.reqs[s as usize].growth_reserved())
+            .sum();
+        if promised != self.growth_reserved {
+            return Err(format!(
+                "growth reserve {} != sum {promised}",
+                self.growth_reserved
+            ));
+        }
         if self.index.len() != self.running.len() + self.waiting.len() {
             return Err("index out of sync with queues".into());
         }
@@ -326,6 +346,7 @@ impl Engine {
     /// Recompute preemption of a running request (already removed from `running`).
     fn preempt(&mut self, slot: u32) {
         let r = &mut self.reqs[slot as usize];
+        self.growth_reserved -= r.growth_reserved();
         for &b in r.table.iter().rev() {
             self.pool.release(b);
         }
@@ -375,12 +396,15 @@ impl Engine {
             if self_preempted {
                 break;
             }
+            let r = &mut self.reqs[slot as usize];
+            self.growth_reserved -= r.growth_reserved();
             for _ in 0..need {
                 // Cannot fail: `need <= num_free` was just ensured.
                 if let Some(b) = self.pool.allocate() {
-                    self.reqs[slot as usize].table.push(b);
+                    r.table.push(b);
                 }
             }
+            self.growth_reserved += r.growth_reserved();
             self.batch.push((slot, num_new));
             budget -= num_new;
             i += 1;
@@ -446,12 +470,14 @@ impl Engine {
                 }
             }
             let n_hit = self.hits.len() as u32;
-            let reserve_tokens = match self.profile.admission {
-                Admission::FullInput => total,
-                Admission::FullSequence => r.prompt + r.max_output,
+            // FullInput: the current sequence must fit. FullSequence: prompt + max
+            // output must fit beside the growth already promised to running requests.
+            let (reserve_tokens, promised) = match self.profile.admission {
+                Admission::FullInput => (total, 0),
+                Admission::FullSequence => (r.prompt + r.max_output, self.growth_reserved),
             };
-            let need = blocks_for(reserve_tokens, bs) - n_hit + evictable;
-            if need > self.pool.num_free() {
+            let need = u64::from(blocks_for(reserve_tokens, bs) - n_hit + evictable);
+            if need + promised > u64::from(self.pool.num_free()) {
                 break;
             }
             let cached = n_hit * bs;
@@ -468,6 +494,7 @@ impl Engine {
                     r.table.push(b);
                 }
             }
+            self.growth_reserved += r.growth_reserved();
             r.num_computed = cached;
             r.hashed = n_hit;
             r.phase = Phase::Running;
@@ -547,6 +574,7 @@ impl Engine {
                 cached_tokens: r.cached_tokens,
                 e2e_s: now - r.arrival_s,
             });
+            self.growth_reserved -= r.growth_reserved();
             r.phase = Phase::Vacant; // leaves `running` in the retain below
             self.done.push(slot);
         }
