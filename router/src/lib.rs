@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod decide;
 pub mod error;
 pub mod fleet;
 pub mod ledger;

@@ -3,7 +3,6 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use headroom_predictor::Sample;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -151,19 +150,17 @@ impl Node {
                 m.bound_covered.with_label_values(&[target, covered]).inc();
             }
         }
-        if ttft_ms.is_none() && tpot_ms.is_none() {
-            return;
-        }
-        self.trainer.submit(Sample {
-            key: l.key,
-            obs: l.obs,
-            at_s: crate::trainer::wall_s(),
+        let at = crate::trainer::wall_s();
+        if let Some(s) = crate::decide::sample(
+            &l,
+            at,
             ttft_ms,
             tpot_ms,
-            output_tokens: o.output_tokens.unwrap_or(0),
+            o.output_tokens.unwrap_or(0),
             censored,
-            predicted: Some(l.prediction),
-        });
+        ) {
+            self.trainer.submit(s);
+        }
     }
 
     /// Records a finished request: metrics, health and learning.

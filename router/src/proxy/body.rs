@@ -19,12 +19,11 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use super::outcome::Learn;
 use super::{
     outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
-use crate::{error::ApiError, fleet::Replica, ledger::Booking, node::Node};
+use crate::{decide::Learn, error::ApiError, fleet::Replica, ledger::Booking, node::Node};
 
 /// Largest non-streaming body kept to read its usage.
 const KEEP_NONSTREAM_BYTES: usize = 1 << 20;

@@ -20,19 +20,15 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 use crate::{
     REPLICA_HEADER, clock,
+    decide::{self, Learn, RouteInputs, Verdict},
     error::ApiError,
     fleet::Replica,
-    ledger::BookingSpec,
     node::Node,
-    policy::{
-        CandidateError, Choice, DecideCtx, RequestProfile, build_candidates,
-        candidates::CandidateParams, features,
-    },
+    policy::{CandidateError, RequestProfile, candidates::CandidateParams},
     request::ParsedRequest,
     upstream,
 };
 use body::{TrackedBody, Tracking};
-use outcome::Learn;
 
 /// Hop-by-hop headers never forwarded.
 const HOP: [&str; 6] = [
@@ -82,67 +78,42 @@ impl From<CandidateError> for ApiError {
 /// Picks targets for a request: the policy's ranking, cut to the retry budget.
 fn choose(node: &Node, profile: &RequestProfile) -> Result<Plan, ApiError> {
     let replicas = node.fleet.replicas();
-    let now = clock::now_s();
-    let params = CandidateParams {
-        block_tokens: node.cfg.prefix.block_tokens,
-        stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
-    };
-    let cands = build_candidates(profile, &replicas, &node.prefix, params, now)?;
-    let mut rng = SmallRng::from_rng(&mut rand::rng());
-    let started = Instant::now();
-    let decision = node.policy.decide(
-        profile,
-        &cands,
-        &mut DecideCtx {
-            now_s: now,
-            rng: &mut rng,
+    let inputs = RouteInputs {
+        policy: node.policy.as_ref(),
+        predictor: &node.trainer.shared,
+        prefix: &node.prefix,
+        replicas: &replicas,
+        params: CandidateParams {
+            block_tokens: node.cfg.prefix.block_tokens,
+            stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
         },
-    );
+        max_targets: 1 + node.cfg.proxy.retries as usize,
+    };
+    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    let routed = decide::route(&inputs, profile, clock::now_s(), &mut rng)?;
     node.metrics
         .decision_seconds
         .with_label_values(&[node.policy.name()])
-        .observe(started.elapsed().as_secs_f64());
-    if let Some(kind) = decision.fallback {
+        .observe(routed.decision_ns as f64 / 1e9);
+    if let Some(kind) = routed.fallback {
         node.metrics.fallbacks.with_label_values(&[kind]).inc();
     }
-    let snap = node.trainer.shared.load();
-    let max = 1 + node.cfg.proxy.retries as usize;
-    let targets = |order: Vec<usize>| -> Vec<Target> {
-        order
-            .into_iter()
-            .filter(|&i| i < cands.len())
-            .take(max)
-            .map(|i| {
-                let c = &cands[i];
-                let key = features::key(c);
-                let obs = features::observation(profile, c);
-                Target {
-                    replica: replicas
-                        .iter()
-                        .find(|r| r.id == c.replica.id)
-                        .cloned()
-                        .expect("candidate comes from this replica list"),
-                    cached_tokens: c.cached_tokens,
-                    learn: Learn {
-                        key,
-                        obs,
-                        prediction: snap.predict(key, &obs),
-                    },
-                }
-            })
-            .collect()
-    };
-    match decision.choice {
-        Choice::Route(order) => Ok(Plan::Go(targets(order), decision.fallback)),
-        Choice::Defer {
-            retry_after_s,
-            fallback_order,
-            ..
-        } => Ok(Plan::Wait(
-            std::time::Duration::from_secs_f64(retry_after_s.clamp(0.001, 1.0)),
-            targets(fallback_order),
+    let targets: Vec<Target> = routed
+        .targets
+        .into_iter()
+        .map(|t| Target {
+            replica: replicas[t.index].clone(),
+            cached_tokens: t.cached_tokens,
+            learn: t.learn,
+        })
+        .collect();
+    match routed.verdict {
+        Verdict::Go => Ok(Plan::Go(targets, routed.fallback)),
+        Verdict::Defer(after) => Ok(Plan::Wait(
+            std::time::Duration::from_secs_f64(after.clamp(0.001, 1.0)),
+            targets,
         )),
-        Choice::Reject(reason) => {
+        Verdict::Reject(reason) => {
             node.metrics.rejected.with_label_values(&["no_fit"]).inc();
             Err(ApiError::shed(reason))
         }
@@ -266,15 +237,7 @@ pub async fn forward(
             tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
         }
         let r = &target.replica;
-        let booking = r.ledger.book(
-            BookingSpec {
-                prompt_tokens: profile.prompt_tokens,
-                cached_tokens: target.cached_tokens,
-                expected_output_tokens: profile.expected_output_tokens,
-                tpot_slo_ms: Some(profile.slo.tpot_ms),
-            },
-            clock::now_s(),
-        );
+        let booking = decide::book(r, &profile, target.cached_tokens, clock::now_s());
         let req = upstream_request(r, &parsed, &headers)?;
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(

@@ -2,9 +2,7 @@
 
 use std::{sync::Arc, time::Instant};
 
-use headroom_predictor::{Observation, Prediction, ReplicaKey};
-
-use crate::fleet::Replica;
+use crate::{decide::Learn, fleet::Replica};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutcomeStatus {
@@ -49,12 +47,4 @@ pub struct Outcome {
     pub cached_tokens: Option<u32>,
     /// What the router saw and predicted at dispatch (for learning and error metrics).
     pub learn: Option<Learn>,
-}
-
-/// The placement's model inputs and the prediction issued for it.
-#[derive(Clone, Copy, Debug)]
-pub struct Learn {
-    pub key: ReplicaKey,
-    pub obs: Observation,
-    pub prediction: Prediction,
 }
