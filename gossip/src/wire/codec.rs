@@ -184,3 +184,169 @@ where
 {
     rkyv::from_bytes::<T, rancor::Error>(bytes).map_err(|_| RejectReason::Malformed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    pub(crate) fn samples() -> Vec<WireValue> {
+        vec![
+            WireValue::NodeInfo(NodeInfo {
+                region: "eu".into(),
+                http_addr: "10.0.0.1:8080".into(),
+                started_at_ms: 5,
+                version: "0.1.0".into(),
+            }),
+            WireValue::Inflight(InflightVector {
+                seq: 9,
+                at_ms: 10,
+                loads: vec![ReplicaLoad {
+                    replica: 1,
+                    requests: 2,
+                    queued_prefill_tokens: 3,
+                    decoding_requests: 4,
+                    decode_context_tokens: 5,
+                    prefill_inflow_tps: 6.5,
+                }],
+            }),
+            WireValue::Scrape(ReplicaScrape {
+                replica: 7,
+                url: "http://r:8000".into(),
+                running: 1,
+                waiting: 2,
+                kv_usage: 0.25,
+                num_gpu_blocks: 1000,
+                block_size: 16,
+                prefix_hits: 10,
+                prefix_queries: 20,
+                preemptions: 0,
+                scraped_at_ms: 11,
+                healthy: true,
+            }),
+            WireValue::Prefix(PrefixDelta {
+                replica: 7,
+                hashes: vec![1, 2, 3],
+            }),
+            WireValue::Predictor(PredictorSlot {
+                blocks: vec![StatBlock {
+                    group: 1,
+                    target: 1,
+                    dim: 1,
+                    a_upper: vec![2.0],
+                    b: vec![3.0],
+                    sum_w: 1.0,
+                    sum_wyy: 9.0,
+                    n: 1,
+                    landmark_s: 0.0,
+                }],
+            }),
+            WireValue::Summary(RegionSummary {
+                region: "eu".into(),
+                routers: 3,
+                replicas: 8,
+                healthy_replicas: 8,
+                free_kv_fraction: 0.4,
+                free_capacity_rps: 12.0,
+                best_ttft_ms: 150.0,
+                best_tpot_ms: 22.0,
+                at_ms: 12,
+            }),
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips_in_binary_and_text() {
+        for v in samples() {
+            let b = encode(&v, 77, 4096).unwrap();
+            assert_eq!(
+                decode(&b, 4096).unwrap(),
+                Decoded {
+                    value: v.clone(),
+                    published_at_ms: 77
+                }
+            );
+            let t = encode_text(&v, 78, 4096).unwrap();
+            assert_eq!(decode_text(&t, 4096).unwrap().value, v);
+        }
+    }
+
+    #[test]
+    fn each_corruption_maps_to_its_reason() {
+        let good = encode(&samples()[1], 1, 4096).unwrap();
+        let mut bad_magic = good.clone();
+        bad_magic[0] = b'X';
+        let mut bad_version = good.clone();
+        bad_version[2] = 99;
+        let mut bad_kind = good.clone();
+        bad_kind[4] = 0;
+        let mut reserved = good.clone();
+        reserved[6] = 1;
+        let mut truncated = good.clone();
+        truncated.truncate(good.len() - 3);
+        assert_eq!(decode(&bad_magic, 4096), Err(RejectReason::BadMagic));
+        assert_eq!(decode(&good[..10], 4096), Err(RejectReason::BadMagic));
+        assert_eq!(decode(&bad_version, 4096), Err(RejectReason::BadVersion));
+        assert_eq!(decode(&bad_kind, 4096), Err(RejectReason::BadKind));
+        assert_eq!(decode(&reserved, 4096), Err(RejectReason::BadKind));
+        assert_eq!(decode(&truncated, 4096), Err(RejectReason::Malformed));
+        assert_eq!(decode(&good, good.len() - 1), Err(RejectReason::Oversized));
+        assert_eq!(decode_text("@@@@", 4096), Err(RejectReason::BadEncoding));
+        assert_eq!(
+            decode_text(&"A".repeat(6000), 4096),
+            Err(RejectReason::Oversized)
+        );
+        let shape = WireValue::Predictor(PredictorSlot {
+            blocks: vec![StatBlock {
+                group: 1,
+                target: 0,
+                dim: 2,
+                a_upper: vec![1.0],
+                b: vec![1.0, 2.0],
+                sum_w: 1.0,
+                sum_wyy: 1.0,
+                n: 1,
+                landmark_s: 0.0,
+            }],
+        });
+        assert!(matches!(
+            encode(&shape, 1, 4096),
+            Err(EncodeError::Invalid(_))
+        ));
+        assert!(matches!(
+            encode(&samples()[4], 1, 20),
+            Err(EncodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn random_and_mutated_input_never_panics() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let goods: Vec<Vec<u8>> = samples()
+            .iter()
+            .map(|v| encode(v, 1, 4096).unwrap())
+            .collect();
+        for i in 0..20_000 {
+            let mut b = goods[i % goods.len()].clone();
+            // Flip a few bytes past the header, or write random bytes of random length.
+            if i % 2 == 0 {
+                for _ in 0..1 + i % 4 {
+                    let p = rng.random_range(0..b.len());
+                    b[p] = rng.random();
+                }
+            } else {
+                let n = rng.random_range(0..300);
+                b = (0..n).map(|_| rng.random()).collect();
+                if n >= HEADER_LEN {
+                    b[..2].copy_from_slice(&MAGIC);
+                    b[2..4].copy_from_slice(&SCHEMA_VERSION.to_le_bytes());
+                    b[4] = 1 + (i % 6) as u8;
+                    b[5..8].fill(0);
+                }
+            }
+            if let Ok(d) = decode(&b, 4096) {
+                assert!(d.value.validate().is_ok());
+            }
+        }
+    }
+}
