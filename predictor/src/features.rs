@@ -81,7 +81,18 @@ fn derive(o: &Observation, p: &FeatureParams) -> Derived {
 /// TTFT basis functions for a sanitised observation.
 #[inline]
 pub fn ttft_features(o: &Observation, p: &FeatureParams) -> [f64; TTFT_DIM] {
+    ttft_from(o, &derive(o, p), p)
+}
+
+/// Both feature vectors at once, sharing the derived quantities (the hot path).
+#[inline(always)]
+pub fn all_features(o: &Observation, p: &FeatureParams) -> ([f64; TTFT_DIM], [f64; TPOT_DIM]) {
     let d = derive(o, p);
+    (ttft_from(o, &d, p), tpot_from(o, &d))
+}
+
+#[inline(always)]
+fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams) -> [f64; TTFT_DIM] {
     let budget = if o.max_batched_tokens > 0.0 {
         o.max_batched_tokens
     } else {
@@ -99,7 +110,7 @@ pub fn ttft_features(o: &Observation, p: &FeatureParams) -> [f64; TTFT_DIM] {
         steps * d.n_dec * 1e-3,
         steps * o.decode_context_tokens * 1e-6,
         pairs * 1e-6,
-        kv_drain_steps(o, &d, p),
+        kv_drain_steps(o, d, p),
     ]
 }
 
@@ -132,7 +143,11 @@ fn kv_drain_steps(o: &Observation, d: &Derived, p: &FeatureParams) -> f64 {
 /// TPOT basis functions for a sanitised observation.
 #[inline]
 pub fn tpot_features(o: &Observation, p: &FeatureParams) -> [f64; TPOT_DIM] {
-    let d = derive(o, p);
+    tpot_from(o, &derive(o, p))
+}
+
+#[inline(always)]
+fn tpot_from(o: &Observation, d: &Derived) -> [f64; TPOT_DIM] {
     let lam = o.prefill_inflow_tps * 1e-4;
     [
         1.0,

@@ -33,7 +33,9 @@ use crate::snapshot::Snapshot;
 const GUARD_MIN_LABELS: u64 = 5;
 /// Coverage samples before a collapse can mark a replica Stale.
 const COVERAGE_MIN_LABELS: u64 = 20;
-/// A latched TPOT correction releases once |c| falls below this (log units).
+/// `OnDrift` TPOT correction: latches on at a drift alarm or once the replica's median
+/// offset |c| is material (≥ LATCH_SET, log units), releases below LATCH_RELEASE.
+const LATCH_SET: f64 = 0.15;
 const LATCH_RELEASE: f64 = 0.1;
 
 /// One observed outcome of a placement, with the observation made at dispatch.
@@ -753,7 +755,10 @@ fn learn_target<const D: usize>(
         k.eta_c
     };
     rt.step_correction(r_class, eta, at_s, tau, k.solve.interval_s);
-    if rt.latched && !boosted && rt.merged_correction(tau).abs() < LATCH_RELEASE {
+    let c_now = rt.merged_correction(tau).abs();
+    if rt.labels >= k.backoff_min && c_now >= LATCH_SET {
+        rt.latched = true;
+    } else if rt.latched && !boosted && c_now < LATCH_RELEASE {
         rt.latched = false;
     }
     rt.labels += 1;

@@ -12,7 +12,7 @@ use crate::counters::{CounterValues, Counters};
 use crate::fastmap::FastMap;
 use crate::features::{
     FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, TPOT_DIM, TPOT_FEATURE_NAMES, TTFT_DIM,
-    TTFT_FEATURE_NAMES, tpot_features, ttft_features,
+    TTFT_FEATURE_NAMES, all_features,
 };
 use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
@@ -328,18 +328,9 @@ impl Snapshot {
         }
         let e = self.entry(key);
         let d = &self.d;
-        let t = e.ttft.eval(
-            &ttft_features(&o, &d.fp),
-            d.floor_ms,
-            d.guard_factor,
-            d.z_hi,
-        );
-        let p = e.tpot.eval(
-            &tpot_features(&o, &d.fp),
-            d.floor_ms,
-            d.guard_factor,
-            d.z_hi,
-        );
+        let (xt, xp) = all_features(&o, &d.fp);
+        let t = e.ttft.eval(&xt, d.floor_ms, d.guard_factor, d.z_hi);
+        let p = e.tpot.eval(&xp, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
             ttft_ms: t.mu,
             ttft_upper_ms: t.upper,
