@@ -100,7 +100,7 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams) -> [f64; TTFT_DIM]
     };
     // Decodes take one token of the budget each; prefill gets the rest (at least one token).
     let per_step = (budget - d.n_dec).max(1.0);
-    let steps = (d.work / per_step).ceil().max(1.0);
+    let steps = ceil_pos(d.work / per_step).max(1.0);
     let k = o.cached_tokens;
     let pairs = o.queued_attention_pairs + d.u * k + 0.5 * d.u * d.u;
     [
@@ -159,6 +159,13 @@ fn tpot_from(o: &Observation, d: &Derived) -> [f64; TPOT_DIM] {
     ]
 }
 
+/// ⌈x⌉ for 0 ≤ x < 2⁶³ without a libm call (baseline x86-64 has no SSE4.1 `roundsd`).
+#[inline(always)]
+fn ceil_pos(x: f64) -> f64 {
+    let t = x as i64 as f64;
+    if t < x { t + 1.0 } else { t }
+}
+
 #[inline(always)]
 pub(crate) fn dot<const D: usize>(a: &[f64; D], b: &[f64; D]) -> f64 {
     let mut s = 0.0;
@@ -212,6 +219,13 @@ mod tests {
             (drain - (9_000.0 / 90_000.0) * 2.0 * 200.0).abs() < 1e-9,
             "{drain}"
         );
+    }
+
+    #[test]
+    fn ceil_matches_std_on_the_feature_range() {
+        for x in [0.0, 0.2, 1.0, 1.5, 2.0, 1e6 + 0.5, 1e12] {
+            assert_eq!(ceil_pos(x), x.ceil(), "{x}");
+        }
     }
 
     #[test]

@@ -235,6 +235,7 @@ impl Knobs {
                 theta: model.theta,
                 mult,
                 upper_mult: hi.exp(),
+                upper_log: hi.max(0.0),
                 median_mult: q.mid.exp(),
                 log_sigma: qq.sigma(self.z_hi),
                 abs_err_ms: abs_err,

@@ -86,6 +86,36 @@ fn clamp_field(v: f64) -> (f64, bool) {
 }
 
 impl Observation {
+    /// True when every field is finite, in range and consistent, i.e. [`Self::sanitized`]
+    /// would change nothing. Branch-free over the fields so the common case is cheap.
+    #[inline(always)]
+    pub fn is_clean(&self) -> bool {
+        let f = [
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.expected_output_tokens,
+            self.queued_prefill_tokens,
+            self.queued_requests,
+            self.queued_attention_pairs,
+            self.decoding_requests,
+            self.decode_context_tokens,
+            self.decode_remaining_tokens,
+            self.prefill_inflow_tps,
+            self.kv_usage,
+            self.kv_capacity_tokens,
+            self.scraped_waiting,
+            self.scraped_running,
+            self.preemption_rate,
+            self.metric_age_s,
+            self.max_batched_tokens,
+        ];
+        // Non-short-circuit `&`: no branches; NaN fails both comparisons.
+        let in_range = f
+            .iter()
+            .fold(true, |ok, &v| ok & (0.0..=FIELD_MAX).contains(&v));
+        in_range & (self.cached_tokens <= self.prompt_tokens) & (self.kv_usage <= 1.0)
+    }
+
     /// Returns a copy with every field finite, non-negative and consistent, and whether any
     /// field had to be changed (the caller counts those).
     #[inline]
@@ -169,5 +199,41 @@ mod tests {
         let (s, bad) = o.sanitized();
         assert!(!bad);
         assert_eq!(s, o);
+        assert!(o.is_clean());
+        assert!(
+            !Observation {
+                kv_usage: f64::NAN,
+                ..o
+            }
+            .is_clean()
+        );
+        assert!(
+            !Observation {
+                cached_tokens: 2000.0,
+                ..o
+            }
+            .is_clean()
+        );
+        assert!(
+            !Observation {
+                queued_requests: -1e-300,
+                ..o
+            }
+            .is_clean()
+        );
+        assert!(
+            !Observation {
+                metric_age_s: f64::INFINITY,
+                ..o
+            }
+            .is_clean()
+        );
+        assert!(
+            Observation {
+                metric_age_s: -0.0,
+                ..o
+            }
+            .is_clean()
+        );
     }
 }

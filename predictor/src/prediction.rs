@@ -117,6 +117,8 @@ pub struct TargetParams<const D: usize> {
     pub mult: f64,
     /// exp(tracked upper log quantile).
     pub upper_mult: f64,
+    /// ln(max(upper_mult, 1)): the relative headroom the guard compares against.
+    pub upper_log: f64,
     /// exp(tracked median log quantile).
     pub median_mult: f64,
     pub log_sigma: f64,
@@ -152,7 +154,7 @@ impl<const D: usize> TargetParams<D> {
         let mut upper = mu * self.upper_mult.max(1.0);
         let median = mu * self.median_mult;
         let mut sigma = self.log_sigma;
-        let guarded = self.recent_log_err > self.upper_mult.max(1.0).ln();
+        let guarded = self.recent_log_err > self.upper_log;
         if guarded {
             upper = upper.max(mu * (guard_factor * self.recent_log_err).exp());
             sigma = sigma.max((upper / median).ln() / z_hi);
@@ -198,6 +200,7 @@ mod tests {
             theta: [10.0, 1.0],
             mult: 1.0,
             upper_mult: 1.5,
+            upper_log: 1.5f64.ln(),
             median_mult: 1.0,
             log_sigma: 0.3,
             abs_err_ms: 30.0,

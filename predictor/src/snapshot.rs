@@ -107,6 +107,7 @@ impl Snapshot {
         class_ids.sort_unstable();
         let mut classes = Vec::with_capacity(class_ids.len());
         let mut class_diag = Vec::with_capacity(class_ids.len());
+        let mut effective: FastMap<u64, (f64, f64)> = FastMap::default();
         for id in &class_ids {
             let ct = &l.st.classes[id];
             let (t, ts) = k.target_params(
@@ -130,6 +131,7 @@ impl Snapshot {
             let tau = k.solve.tau_s;
             let eff_t = ct.ttft.merged(tau).decayed_count(now_s, tau);
             let eff_p = ct.tpot.merged(tau).decayed_count(now_s, tau);
+            effective.insert(*id, (eff_t, eff_p));
             let (tn, _) = ct.ttft.labels();
             let (pn, _) = ct.tpot.labels();
             class_diag.push(Diag {
@@ -176,9 +178,7 @@ impl Snapshot {
             let Some(ct) = l.st.classes.get(&rt.class) else {
                 continue;
             };
-            let tau = k.solve.tau_s;
-            let eff_t = ct.ttft.merged(tau).decayed_count(now_s, tau);
-            let eff_p = ct.tpot.merged(tau).decayed_count(now_s, tau);
+            let (eff_t, eff_p) = effective.get(&rt.class).copied().unwrap_or((0.0, 0.0));
             let (t, ts) = k.target_params(
                 TARGET_TTFT,
                 &ct.ttft,
@@ -247,6 +247,7 @@ impl Snapshot {
                     theta: theta_t,
                     mult: 1.0,
                     upper_mult: u,
+                    upper_log: k.cold_hi,
                     median_mult: 1.0,
                     log_sigma: s,
                     abs_err_ms: 0.0,
@@ -257,6 +258,7 @@ impl Snapshot {
                     theta: theta_p,
                     mult: 1.0,
                     upper_mult: u,
+                    upper_log: k.cold_hi,
                     median_mult: 1.0,
                     log_sigma: s,
                     abs_err_ms: 0.0,
@@ -322,13 +324,14 @@ impl Snapshot {
     /// never NaN: bad inputs are sanitised (and counted).
     #[inline]
     pub fn predict(&self, key: ReplicaKey, obs: &Observation) -> Prediction {
-        let (o, bad) = obs.sanitized();
-        if bad {
-            Counters::bump(&self.counters.sanitized_predictions);
-        }
         let e = self.entry(key);
         let d = &self.d;
-        let (xt, xp) = all_features(&o, &d.fp);
+        let (xt, xp) = if obs.is_clean() {
+            all_features(obs, &d.fp)
+        } else {
+            Counters::bump(&self.counters.sanitized_predictions);
+            all_features(&obs.sanitized().0, &d.fp)
+        };
         let t = e.ttft.eval(&xt, d.floor_ms, d.guard_factor, d.z_hi);
         let p = e.tpot.eval(&xp, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
