@@ -86,15 +86,21 @@ class Capture:
         print(f"  {name}: {status} {ctype} {len(raw)} bytes", file=sys.stderr)
         return raw
 
-    def put_metrics(self, name: str, text: str, note: str) -> None:
-        (self.out / name).write_text(text)
-        self.index[name] = {"method": "GET", "path": "/metrics", "status": 200,
-                            "content_type": "text/plain; version=0.0.4; charset=utf-8", "note": note}
-        print(f"  {name}: {len(text)} bytes", file=sys.stderr)
+    def put_metrics(self, name: str, scraped: tuple[int, str, bytes], note: str) -> None:
+        status, ctype, raw = scraped
+        if status != 200:
+            raise SystemExit(f"{name}: GET /metrics gave {status}")
+        (self.out / name).write_bytes(raw)
+        self.index[name] = {"method": "GET", "path": "/metrics", "status": status,
+                            "content_type": ctype, "note": note}
+        print(f"  {name}: {len(raw)} bytes", file=sys.stderr)
+
+
+Scrape = tuple[int, str, bytes]
 
 
 def loaded_metrics(base: str, n_requests: int = 8, prompt_words: int = 850,
-                   max_tokens: int = 96, limit_s: float = 120) -> tuple[str, str]:
+                   max_tokens: int = 96, limit_s: float = 120) -> tuple[Scrape, Scrape]:
     """Runs n_requests long, distinct requests at once; returns (busiest snapshot, after)."""
     errors: list[str] = []
 
@@ -108,16 +114,17 @@ def loaded_metrics(base: str, n_requests: int = 8, prompt_words: int = 850,
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n_requests)]
     for t in threads:
         t.start()
-    best, best_score = "", -1.0
+    best: Scrape = (0, "", b"")
+    best_score = -1.0
     deadline = time.monotonic() + limit_s
     while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        _, _, raw = request(base + "/metrics", timeout=10)
-        text = raw.decode()
+        scraped = request(base + "/metrics", timeout=10)
+        text = scraped[2].decode()
         score = (gauge(text, "vllm:num_requests_waiting") * 10
                  + gauge(text, "vllm:num_requests_running")
                  + gauge(text, "vllm:kv_cache_usage_perc"))
         if score > best_score:
-            best, best_score = text, score
+            best, best_score = scraped, score
         time.sleep(0.05)
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -125,8 +132,7 @@ def loaded_metrics(base: str, n_requests: int = 8, prompt_words: int = 850,
         raise SystemExit(f"load requests still running after {limit_s} s")
     if errors:
         raise SystemExit(f"load requests failed: {errors}")
-    _, _, raw = request(base + "/metrics", timeout=10)
-    return best, raw.decode()
+    return best, request(base + "/metrics", timeout=10)
 
 
 def main() -> int:
@@ -139,7 +145,7 @@ def main() -> int:
     c = Capture(args.url, args.out)
     print(f"capturing from {c.base} into {args.out}", file=sys.stderr)
 
-    c.put_metrics("metrics-fresh.txt", request(c.base + "/metrics")[2].decode(),
+    c.put_metrics("metrics-fresh.txt", request(c.base + "/metrics"),
                   "before this script sent any request; on a just-started server, counters are zero")
     c.save("models.json", "GET", "/v1/models", None, 200)
     c.save("version.json", "GET", "/version", None, 200)
@@ -190,6 +196,16 @@ def main() -> int:
     c.put_metrics("metrics-loaded.txt", busy,
                   "taken while 8 distinct ~2,000-token prompts (max_tokens 96) ran at once")
     c.put_metrics("metrics-after-load.txt", after, "taken right after the load finished")
+
+    # The same long prompt twice: the second send is served from the prefix cache.
+    repeat = {"model": MODEL, "prompt": words(850, 9000), "max_tokens": 4, "temperature": 0,
+              "ignore_eos": True}
+    for _ in range(2):
+        status, _, raw = request(c.base + "/v1/completions", repeat)
+        if status != 200:
+            raise SystemExit(f"prefix-cache request failed: {status} {raw[:200]!r}")
+    c.put_metrics("metrics-prefix-hit.txt", request(c.base + "/metrics"),
+                  "after one ~2,000-token prompt was sent twice: prefix_cache_hits_total > 0")
 
     if args.model_dir:
         shutil.copyfile(args.model_dir / "tokenizer.json", args.out / "tiny-llama-tokenizer.json")

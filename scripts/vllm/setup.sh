@@ -69,11 +69,12 @@ discard_dir() {
     local trash
     trash="$CACHE/.trash-$(basename "$1").$$.$(date +%s%N)"
     mv "$1" "$trash"
-    (setsid rm -rf "$trash" >/dev/null 2>&1 </dev/null &)
+    # 9>&-: the detached rm must not inherit (and so hold) our lock.
+    (setsid rm -rf "$trash" >/dev/null 2>&1 </dev/null 9>&- &)
 }
 shopt -s nullglob
 for t in "$CACHE"/.trash-*; do  # left over by an interrupted earlier delete
-    (setsid rm -rf "$t" >/dev/null 2>&1 </dev/null &)
+    (setsid rm -rf "$t" >/dev/null 2>&1 </dev/null 9>&- &)
 done
 shopt -u nullglob
 if [[ -e "$VENV" ]]; then

@@ -13,7 +13,7 @@
 # Env: HEADROOM_CACHE (venv and model location, default ~/.cache/headroom),
 #      HEADROOM_VLLM_MODEL (model dir, default $HEADROOM_CACHE/tiny-llama),
 #      HEADROOM_VLLM_RUN_DIR (default: a new dir under ${TMPDIR:-/tmp}),
-#      HEADROOM_VLLM_TIMEOUT (seconds to healthy, default 240),
+#      HEADROOM_VLLM_TIMEOUT (seconds to healthy, default 300),
 #      HEADROOM_VLLM_EXTRA_ARGS (extra api_server flags, word-split).
 #
 # Invariants: every process started here runs in $RUN/scratch/I and carries
@@ -26,7 +26,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${HEADROOM_CACHE:-$HOME/.cache/headroom}"
 VENV="$CACHE/vllm-venv"
 MODEL="${HEADROOM_VLLM_MODEL:-$CACHE/tiny-llama}"
-TIMEOUT="${HEADROOM_VLLM_TIMEOUT:-240}"
+TIMEOUT="${HEADROOM_VLLM_TIMEOUT:-300}"
 
 log() { printf '[vllm-start %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
