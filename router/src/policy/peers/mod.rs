@@ -11,6 +11,7 @@
 //! zero-length prompts) makes it panic; all randomness comes from `ctx.rng`, so a seeded
 //! rng gives the same ranking every time.
 
+pub mod dynamo_kv;
 pub mod llmd_weighted;
 pub mod sglang_cache_aware;
 
@@ -21,6 +22,7 @@ use rand::Rng;
 
 use super::{Candidate, RequestProfile, rank};
 
+pub use dynamo_kv::DynamoKv;
 pub use llmd_weighted::LlmdWeighted;
 pub use sglang_cache_aware::SglangCacheAware;
 
