@@ -1,5 +1,6 @@
 //! Engine model, replica emulator, fleet simulator and workloads.
 
 pub mod engine;
+pub mod replica;
 pub mod sim;
 pub mod workload;

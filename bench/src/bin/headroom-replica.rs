@@ -1,0 +1,166 @@
+//! `headroom-replica`: an emulated vLLM replica (OpenAI API, vLLM metrics, faults).
+//!
+//! Prints `headroom-replica listening on http://ADDR` on stdout once bound (with
+//! `--listen 127.0.0.1:0` the line names the chosen port), then serves until
+//! SIGINT or SIGTERM.
+
+use anyhow::Context;
+use clap::Parser;
+use headroom_bench::engine::Profile;
+use headroom_bench::replica::faults::Faults;
+use headroom_bench::replica::{ReplicaConfig, serve};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "headroom-replica",
+    version,
+    about = "Emulated vLLM replica paced by Headroom's engine model"
+)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    listen: String,
+    /// Served model name.
+    #[arg(long, default_value = "llama-3-8b")]
+    model: String,
+    /// Hardware/model profile (see --list-profiles).
+    #[arg(long, default_value = "h100-llama3-8b")]
+    profile: String,
+    /// Print the profile names and exit.
+    #[arg(long)]
+    list_profiles: bool,
+    /// Wall seconds per modelled second: 1.0 = real GPU speed, 0.1 = ten times faster.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Seed for output lengths, text, fault draws and step noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Override the profile's max_model_len.
+    #[arg(long)]
+    max_model_len: Option<u32>,
+    /// Override the profile's num_gpu_blocks (KV capacity, incl. the null block).
+    #[arg(long)]
+    num_gpu_blocks: Option<u32>,
+    /// Override the profile's per-step token budget.
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    /// Override the profile's running-request cap.
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
+    /// Serve a LoRA adapter of this name on top of the model (repeatable).
+    #[arg(long = "lora")]
+    loras: Vec<String>,
+    /// Step-time noise: log-sd of a mean-1 lognormal factor (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    step_noise: f64,
+    /// Fault: probability that a request gets HTTP 500 before any byte.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Fault: start with the engine stalled (no steps; /health hangs).
+    #[arg(long)]
+    stall: bool,
+    /// Fault: multiply every step duration by this factor.
+    #[arg(long, default_value_t = 1.0)]
+    slowdown: f64,
+    /// Fault: probability that a request fails mid-generation.
+    #[arg(long, default_value_t = 0.0)]
+    midstream_error_rate: f64,
+}
+
+fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
+    let mut profile = Profile::by_name(&args.profile)?;
+    if let Some(v) = args.max_model_len {
+        profile.max_model_len = v;
+    }
+    if let Some(v) = args.num_gpu_blocks {
+        profile.num_gpu_blocks = v;
+    }
+    if let Some(v) = args.max_num_batched_tokens {
+        profile.max_num_batched_tokens = v;
+    }
+    if let Some(v) = args.max_num_seqs {
+        profile.max_num_seqs = v;
+    }
+    let cfg = ReplicaConfig {
+        model: args.model.clone(),
+        adapters: args.loras.clone(),
+        profile,
+        time_scale: args.time_scale,
+        seed: args.seed,
+        step_noise: args.step_noise,
+        faults: Faults {
+            error_rate: args.error_rate,
+            stall: args.stall,
+            slowdown: args.slowdown,
+            midstream_error_rate: args.midstream_error_rate,
+        },
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+async fn shutdown_signal(cancel: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("no SIGTERM handler: {e}");
+                    let _ = ctrl_c.await;
+                    cancel.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+            _ = cancel.cancelled() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = cancel.cancelled() => {},
+        }
+    }
+    cancel.cancel();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.list_profiles {
+        for name in Profile::names() {
+            let p = Profile::by_name(name)?;
+            println!("{name}\t{}", p.summary);
+        }
+        return Ok(());
+    }
+    let cfg = config(&args)?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!("headroom-replica listening on http://{addr}");
+    tracing::info!(
+        model = %cfg.model, profile = %cfg.profile.name, time_scale = cfg.time_scale,
+        "serving"
+    );
+    let cancel = CancellationToken::new();
+    let signals = tokio::spawn(shutdown_signal(cancel.clone()));
+    let result = serve(cfg, listener, cancel.clone()).await;
+    cancel.cancel();
+    let _ = signals.await;
+    result.context("replica failed")
+}

@@ -1,0 +1,157 @@
+//! `headroom-replica`: an HTTP server that behaves like `vllm serve` for one model,
+//! paced by the [`crate::engine`] model in real time.
+//!
+//! Layout: one driver task owns the engine ([`driver`]); axum handlers parse and
+//! validate requests ([`request`]), tokenize ([`tokenize`]), submit over a bounded
+//! channel and turn token deliveries into SSE or JSON ([`stream`], [`response`]).
+//! `/metrics` serves vLLM's metric names ([`metrics`]); `/admin/faults` sets the
+//! fault knobs ([`faults`]).
+//!
+//! Time scale: every modelled duration is multiplied by `time_scale` before the
+//! driver sleeps (1.0 = the profile's GPU speed, 0.1 = ten times faster). Latency
+//! histograms on `/metrics` are in wall-clock seconds, i.e. already scaled.
+
+pub mod api_error;
+pub mod driver;
+pub mod faults;
+pub mod generation;
+pub mod metrics;
+pub mod request;
+pub mod response;
+pub mod server;
+pub mod stream;
+pub mod tokenize;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use axum::serve::ListenerExt;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, EngineError, Profile};
+use driver::Driver;
+use faults::Faults;
+use metrics::ReplicaMetrics;
+use server::AppState;
+
+/// Depth of the handler → driver command queue (submissions wait when it is full).
+pub const COMMAND_QUEUE: usize = 4096;
+
+/// Everything `headroom-replica` is started with.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// Served model name (`--model`).
+    pub model: String,
+    /// LoRA adapter names served on top (`--lora`).
+    pub adapters: Vec<String>,
+    /// Hardware profile, with any overrides applied.
+    pub profile: Profile,
+    /// Wall seconds per modelled second.
+    pub time_scale: f64,
+    /// Seeds output lengths, filler text, fault draws and step noise.
+    pub seed: u64,
+    /// Lognormal log-sd of step-time noise (0 = off).
+    pub step_noise: f64,
+    /// Fault knobs at start.
+    pub faults: Faults,
+}
+
+/// Why the emulator could not start or keep serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("invalid replica configuration: {0}")]
+    Config(String),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ReplicaConfig {
+    /// Checks the knobs that the engine does not check itself.
+    pub fn validate(&self) -> Result<(), ReplicaError> {
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0 && self.time_scale <= 1000.0) {
+            return Err(ReplicaError::Config(format!(
+                "time scale must be in (0, 1000], got {}",
+                self.time_scale
+            )));
+        }
+        if self.model.is_empty()
+            || self
+                .adapters
+                .iter()
+                .any(|a| a.is_empty() || *a == self.model)
+        {
+            return Err(ReplicaError::Config(
+                "model and adapter names must be non-empty and distinct".into(),
+            ));
+        }
+        self.faults.validate().map_err(ReplicaError::Config)?;
+        self.profile.validate()?;
+        Ok(())
+    }
+}
+
+/// Serves on `listener` until `cancel` fires, then drains and returns.
+pub async fn serve(
+    config: ReplicaConfig,
+    listener: TcpListener,
+    cancel: CancellationToken,
+) -> Result<(), ReplicaError> {
+    config.validate()?;
+    let mut engine = Engine::new(&config.profile, config.seed)?;
+    engine.set_step_noise(config.step_noise)?;
+    let metrics = Arc::new(ReplicaMetrics::new(&config.model, &config.profile)?);
+    let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+    let (faults_tx, faults_rx) = watch::channel(config.faults);
+    let driver = tokio::spawn(
+        Driver {
+            engine,
+            commands: cmd_rx,
+            faults: faults_rx,
+            metrics: metrics.clone(),
+            time_scale: config.time_scale,
+            cancel: cancel.clone(),
+        }
+        .run(),
+    );
+    // Build the tokenizer now rather than on the first request.
+    let warm = tokio::task::spawn_blocking(tokenize::warm_up);
+    let state = Arc::new(AppState {
+        model: config.model.clone(),
+        adapters: config.adapters.clone(),
+        max_model_len: config.profile.max_model_len,
+        block_size: config.profile.block_size,
+        seed: config.seed,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        commands: cmd_tx,
+        faults: faults_tx,
+        metrics,
+        fault_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed ^ 0xfa17)),
+        next_id: AtomicU64::new(0),
+        cancel: cancel.clone(),
+    });
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY failed: {e}");
+        }
+    });
+    let served = axum::serve(listener, server::router(state))
+        .with_graceful_shutdown(cancel.clone().cancelled_owned())
+        .await;
+    cancel.cancel();
+    let _ = driver.await;
+    if let Ok(Err(e)) = warm.await {
+        tracing::warn!("tokenizer warm-up failed: {e}");
+    }
+    served.map_err(ReplicaError::Io)
+}

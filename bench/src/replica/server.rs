@@ -1,0 +1,289 @@
+//! HTTP routes of the emulator (axum): the OpenAI endpoints, `/v1/models`,
+//! `/health`, `/metrics` and `/admin/faults`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::api_error::ApiError;
+use super::driver::Command;
+use super::faults::{Faults, FaultsPatch};
+use super::generation::eos_after;
+use super::metrics::ReplicaMetrics;
+use super::request::{self, Endpoint};
+use super::response::Meta;
+use super::stream::{AbortGuard, Generation, collect, sse_response};
+use super::tokenize::prompt_token_ids;
+use crate::engine::hashing::mix64;
+use crate::engine::{EngineRequest, block_hashes_for_tokens_salted, salt_for_adapter};
+
+/// Largest request body accepted (a 131k-token prompt is < 1 MiB as JSON).
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// State shared by every handler.
+pub struct AppState {
+    pub model: String,
+    pub adapters: Vec<String>,
+    pub max_model_len: u32,
+    pub block_size: u32,
+    pub seed: u64,
+    pub created: u64,
+    pub commands: mpsc::Sender<Command>,
+    pub faults: watch::Sender<Faults>,
+    pub metrics: Arc<ReplicaMetrics>,
+    /// Seeded draws for injected faults, in request order.
+    pub fault_rng: Mutex<ChaCha8Rng>,
+    pub next_id: AtomicU64,
+    pub cancel: CancellationToken,
+}
+
+/// The emulator's router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/admin/faults", get(get_faults).post(post_faults))
+        .with_state(state)
+}
+
+async fn completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    generate(s, Endpoint::Completions, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    generate(s, Endpoint::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn read_body(body: Body) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+                )
+            } else {
+                ApiError::bad_request(format!("could not read request body: {e}"))
+            }
+        })
+}
+
+/// Served name and LoRA adapter (if any) for a requested model name.
+fn resolve_model(
+    s: &AppState,
+    requested: Option<String>,
+) -> Result<(String, Option<String>), ApiError> {
+    match requested {
+        None => Ok((s.model.clone(), None)),
+        Some(m) if m == s.model => Ok((m, None)),
+        Some(m) if s.adapters.contains(&m) => Ok((m.clone(), Some(m))),
+        Some(m) => Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("The model `{m}` does not exist."),
+            )
+        }),
+    }
+}
+
+/// Seeded draws: (fail before any byte, fail mid-generation).
+fn draw_faults(s: &AppState) -> (bool, bool) {
+    let f = *s.faults.borrow();
+    let mut rng = s.fault_rng.lock().unwrap_or_else(|p| p.into_inner());
+    let early = f.error_rate > 0.0 && rng.random::<f64>() < f.error_rate;
+    let mid = f.midstream_error_rate > 0.0 && rng.random::<f64>() < f.midstream_error_rate;
+    (early, mid)
+}
+
+async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(body).await?;
+    let req = request::parse(endpoint, &bytes)?;
+    let (served, adapter) = resolve_model(&s, req.model.clone())?;
+    let (fail_early, fail_mid) = draw_faults(&s);
+    if fail_early {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "injected fault: the replica failed this request",
+        ));
+    }
+    // Tokenizing and hashing a long prompt takes milliseconds: keep it off the
+    // async workers.
+    let prompt = req.prompt.clone();
+    let (bs, salt) = (s.block_size as usize, salt_for_adapter(adapter.as_deref()));
+    let (n_prompt, hashes) = tokio::task::spawn_blocking(move || {
+        prompt_token_ids(&prompt)
+            .map(|ids| (ids.len(), block_hashes_for_tokens_salted(&ids, bs, salt)))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("tokenizer task failed: {e}"),
+        )
+    })?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    if n_prompt == 0 {
+        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+    }
+    let n_prompt = u32::try_from(n_prompt).unwrap_or(u32::MAX);
+    let max_len = s.max_model_len;
+    let max_tokens = req.max_tokens.unwrap_or(max_len.saturating_sub(n_prompt));
+    if max_tokens == 0 || u64::from(n_prompt) + u64::from(max_tokens) > u64::from(max_len) {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {max_len} tokens. However, you requested \
+                 {} tokens ({n_prompt} in the messages, {max_tokens} in the completion). Please \
+                 reduce the length of the messages or completion.",
+                u64::from(n_prompt) + u64::from(max_tokens)
+            ),
+        ));
+    }
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let seed = req.seed.unwrap_or_else(|| mix64(s.seed ^ mix64(id)));
+    let eos = eos_after(seed, req.ignore_eos, req.min_tokens, max_tokens);
+    let fail_after = fail_mid.then(|| eos.unwrap_or(max_tokens) / 2);
+    let (tx, rx) = mpsc::channel(max_tokens as usize + 2);
+    let engine_req = EngineRequest {
+        id,
+        prompt_tokens: n_prompt,
+        block_hashes: hashes,
+        max_output_tokens: max_tokens,
+        eos_after: eos,
+    };
+    s.commands
+        .send(Command::Submit {
+            req: engine_req,
+            tx,
+        })
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine is shut down"))?;
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    let g = Generation {
+        meta: Meta {
+            endpoint,
+            id: format!("{prefix}-{:016x}{:016x}", mix64(seed), mix64(id ^ s.seed)),
+            created: unix_now(),
+            model: served,
+            include_usage: req.include_usage,
+            continuous_usage: req.continuous_usage,
+            prompt_tokens: n_prompt,
+        },
+        rx,
+        guard: AbortGuard {
+            id,
+            commands: s.commands.clone(),
+            armed: true,
+        },
+        seed,
+        fail_after,
+    };
+    if req.stream {
+        Ok(sse_response(g))
+    } else {
+        collect(g).await
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let card = |id: &str, root: &str, parent: Option<&str>| {
+        json!({
+            "id": id, "object": "model", "created": s.created, "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": s.max_model_len,
+            "permission": [{
+                "id": format!("modelperm-{:016x}", mix64(s.seed ^ id.len() as u64)),
+                "object": "model_permission", "created": s.created, "allow_create_engine": false,
+                "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+                "allow_view": true, "allow_fine_tuning": false, "organization": "*",
+                "group": null, "is_blocking": false,
+            }],
+        })
+    };
+    let mut data = vec![card(&s.model, &s.model, None)];
+    data.extend(s.adapters.iter().map(|a| card(a, a, Some(&s.model))));
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// 200 with an empty body; hangs while the engine is stalled (see `faults`).
+async fn health(State(s): State<Arc<AppState>>) -> StatusCode {
+    let mut rx = s.faults.subscribe();
+    loop {
+        if !rx.borrow_and_update().stall {
+            return StatusCode::OK;
+        }
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return StatusCode::SERVICE_UNAVAILABLE },
+            _ = s.cancel.cancelled() => return StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    match s.metrics.render() {
+        Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn get_faults(State(s): State<Arc<AppState>>) -> Json<Faults> {
+    Json(*s.faults.borrow())
+}
+
+async fn post_faults(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    let result = async {
+        let bytes = read_body(body).await?;
+        let patch: FaultsPatch = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("invalid faults JSON: {e}")))?;
+        let mut outcome = Ok(Faults::default());
+        s.faults.send_if_modified(|f| match f.patched(&patch) {
+            Ok(next) => {
+                let changed = next != *f;
+                *f = next;
+                outcome = Ok(next);
+                changed
+            }
+            Err(e) => {
+                outcome = Err(ApiError::bad_request(e));
+                false
+            }
+        });
+        outcome
+    }
+    .await;
+    match result {
+        Ok(f) => Json(f).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
