@@ -12,6 +12,7 @@
 //! rng gives the same ranking every time.
 
 pub mod dynamo_kv;
+pub mod llmd_predicted;
 pub mod llmd_weighted;
 pub mod sglang_cache_aware;
 
@@ -23,6 +24,7 @@ use rand::Rng;
 use super::{Candidate, RequestProfile, rank};
 
 pub use dynamo_kv::DynamoKv;
+pub use llmd_predicted::{LlmdPredicted, LlmdPredictedConfig};
 pub use llmd_weighted::LlmdWeighted;
 pub use sglang_cache_aware::SglangCacheAware;
 
