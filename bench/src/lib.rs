@@ -2,5 +2,6 @@
 
 pub mod engine;
 pub mod replica;
+pub mod report;
 pub mod sim;
 pub mod workload;
