@@ -398,7 +398,9 @@ impl Policy for LlmdPredicted {
             kept = self.affinity(kept, &prefix, &infos, self.cfg.loose_affinity_threshold);
         }
         let mut order = a_res(&kept, &self.score(&infos, &kept), ctx.rng);
-        let rest: Vec<usize> = all.iter().copied().filter(|i| !kept.contains(i)).collect();
+        let mut in_kept = vec![false; cands.len()];
+        kept.iter().for_each(|&i| in_kept[i] = true);
+        let rest: Vec<usize> = all.iter().copied().filter(|&i| !in_kept[i]).collect();
         if !rest.is_empty() {
             order.extend(a_res(&rest, &self.score(&infos, &rest), ctx.rng));
         }
