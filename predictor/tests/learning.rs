@@ -235,3 +235,66 @@ fn a_2x_step_slowdown_of_one_replica_is_absorbed_within_minutes_of_labels() {
         "no false alarm on the healthy replica"
     );
 }
+
+#[test]
+fn kv_bound_placements_are_learned_through_the_drain_feature() {
+    use headroom_predictor::TARGET_TTFT;
+    use headroom_predictor::features::{FeatureParams, ttft_features};
+    let eng = Engine::a100();
+    // Small KV capacity: some placements must wait for decodes to free memory.
+    let load = Load {
+        kv_capacity: 150_000.0,
+        max_decoding: 48,
+        ..Load::moderate()
+    };
+    let fp = FeatureParams {
+        default_max_batched_tokens: 2048.0,
+        metric_fresh_s: 5.0,
+    };
+    let key = ReplicaKey::new(1, 0);
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (mut bound, mut free) = (Vec::new(), Vec::new());
+    let mut snap = l.snapshot(0.0);
+    for i in 0..4000 {
+        if i % 10 == 0 {
+            snap = l.snapshot(i as f64);
+        }
+        let s = synth::situation(&mut rng, &eng, &load);
+        let y = synth::ttft(&mut rng, &eng, &s);
+        let p = snap.predict(key, &s.obs);
+        if i > 1500 {
+            if ttft_features(&s.obs, &fp)[6] > 0.0 {
+                bound.push((p.ttft_ms, y));
+            } else {
+                free.push((p.ttft_ms, y));
+            }
+        }
+        l.observe(&Sample {
+            key,
+            obs: s.obs,
+            at_s: i as f64,
+            ttft_ms: Some(y),
+            predicted: Some(p),
+            ..Default::default()
+        });
+    }
+    l.tick(4000.0);
+    let drain_ms_per_step = l.coefficients(0, TARGET_TTFT).expect("class 0")[6];
+    eprintln!(
+        "KV-bound: {} placements MdAPE {:.1}%; not bound: {} MdAPE {:.1}%; drain coefficient {drain_ms_per_step:.1} ms/step",
+        bound.len(),
+        100.0 * mdape(&bound),
+        free.len(),
+        100.0 * mdape(&free)
+    );
+    assert!(
+        bound.len() >= 50,
+        "the scenario produces KV-bound placements"
+    );
+    assert!(mdape(&bound) < 0.2);
+    assert!(
+        (5.0..25.0).contains(&drain_ms_per_step),
+        "learned drain cost {drain_ms_per_step} ms per decode step"
+    );
+}
