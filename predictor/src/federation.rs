@@ -90,6 +90,9 @@ pub struct FederationSlot {
     pub node_id: String,
     /// When the slot was exported (seconds); a newer slot from the same node replaces an older one.
     pub exported_at_s: f64,
+    /// The exporter's forward-decay τ (seconds). Sums decayed with another τ do not add up
+    /// to a pooled statistic, so a receiver with a different τ refuses the slot.
+    pub tau_s: f64,
     pub blocks: Vec<StatsBlock>,
     pub corrections: Vec<CorrectionEntry>,
 }
@@ -177,12 +180,18 @@ pub(crate) struct PeerSlot {
 }
 
 impl PeerSlot {
-    pub(crate) fn from_slot(slot: &FederationSlot) -> Result<Self, FederationError> {
+    pub(crate) fn from_slot(slot: &FederationSlot, tau_s: f64) -> Result<Self, FederationError> {
         let node = slot.node_id.as_str();
         let bad_slot = |reason: &str| FederationError::BadSlot {
             node: node.to_string(),
             reason: reason.to_string(),
         };
+        if (slot.tau_s - tau_s).abs() > 1e-9 * tau_s {
+            return Err(bad_slot(&format!(
+                "decayed with tau_s={} but this node uses {tau_s}",
+                slot.tau_s
+            )));
+        }
         if !slot.exported_at_s.is_finite() {
             return Err(bad_slot("exported_at_s is not finite"));
         }

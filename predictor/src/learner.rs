@@ -549,6 +549,7 @@ impl Learner {
         FederationSlot {
             node_id: node_id.to_string(),
             exported_at_s: if now_s.is_finite() { now_s } else { 0.0 },
+            tau_s: self.k.solve.tau_s,
             blocks,
             corrections,
         }
@@ -564,7 +565,7 @@ impl Learner {
             Counters::bump(&self.counters.rejected_slots);
             return Err(FederationError::OwnSlot(slot.node_id));
         }
-        let peer = match PeerSlot::from_slot(&slot) {
+        let peer = match PeerSlot::from_slot(&slot, self.k.solve.tau_s) {
             Ok(p) => p,
             Err(e) => {
                 Counters::bump(&self.counters.rejected_slots);

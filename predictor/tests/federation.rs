@@ -144,7 +144,11 @@ fn stale_peer_slots_are_dropped_and_corrupt_ones_refused() {
     let mut bad = slot.clone();
     bad.blocks[0].sum_w = -1.0;
     assert!(a.merge_peer_slot(bad).is_err());
-    assert_eq!(a.counters().rejected_slots, 4);
+    let mut bad = slot.clone();
+    bad.tau_s = 60.0;
+    let err = a.merge_peer_slot(bad).expect_err("different decay");
+    assert!(err.to_string().contains("tau_s"), "{err}");
+    assert_eq!(a.counters().rejected_slots, 5);
     assert!(a.peers().is_empty(), "nothing was merged from bad slots");
 
     a.merge_peer_slot(slot).expect("valid");
