@@ -84,6 +84,27 @@ fn learns_a_step_time_physics_model_to_low_error() {
             100.0 * md
         );
         assert!(m < 0.15 && md < 0.10, "{name}: MAPE {m:.3} MdAPE {md:.3}");
+        // The coefficients carry physical units: they recover the engine's constants.
+        l.tick(1500.0);
+        let th = l
+            .coefficients(0, headroom_predictor::TARGET_TTFT)
+            .expect("class 0");
+        let truth = [
+            (2, eng.t_tok * 1e3, "ms per 1k tokens"),
+            (4, eng.alpha * 1e6, "ms per 1M KV reads"),
+            (5, eng.beta * 1e6, "ms per 1M pairs"),
+        ];
+        for (i, want, unit) in truth {
+            eprintln!(
+                "{name}: theta[{i}] = {:.2} {unit} (engine {want:.2})",
+                th[i]
+            );
+            assert!(
+                (th[i] / want - 1.0).abs() < 0.3,
+                "{name}: theta[{i}] {:.3} vs {want:.3}",
+                th[i]
+            );
+        }
     }
 }
 
