@@ -34,8 +34,7 @@ pub struct Node {
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: std::sync::atomic::AtomicUsize,
     tokenizers: HashMap<String, Tokenizer>,
-    /// Per model: EWMA of observed output tokens (requests that stopped on their own).
-    output_mean: Mutex<HashMap<String, f64>>,
+    outputs: OutputEstimator,
 }
 
 impl Node {
@@ -74,7 +73,7 @@ impl Node {
             policy,
             metrics,
             tokenizers,
-            output_mean: Mutex::new(HashMap::new()),
+            outputs: OutputEstimator::default(),
         }))
     }
 
@@ -97,22 +96,9 @@ impl Node {
         }
     }
 
-    /// Expected output tokens: exact under `ignore_eos`, else the model's observed
-    /// mean capped by `max_tokens`.
+    /// Expected output tokens (see [`OutputEstimator`]).
     pub fn expected_output(&self, req: &ParsedRequest) -> u32 {
-        if req.ignore_eos {
-            if let Some(m) = req.max_tokens {
-                return m;
-            }
-        }
-        let mean = self
-            .output_mean
-            .lock()
-            .get(&req.model)
-            .copied()
-            .unwrap_or(DEFAULT_OUTPUT_TOKENS);
-        let est = mean.round().max(1.0) as u32;
-        req.max_tokens.map_or(est, |m| m.min(est).max(1))
+        self.outputs.estimate(&req.model, req.max_tokens, req.ignore_eos)
     }
 
     /// Predicted against actual, and the sample for the trainer.
@@ -183,9 +169,7 @@ impl Node {
             OutcomeStatus::Ok => {
                 o.replica.health.on_success(now, &self.cfg.health);
                 if let Some(n) = o.output_tokens {
-                    let mut means = self.output_mean.lock();
-                    let e = means.entry(o.model.clone()).or_insert(n as f64);
-                    *e = 0.95 * *e + 0.05 * n as f64;
+                    self.outputs.observe(&o.model, n);
                 }
             }
             OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut => {
@@ -202,19 +186,32 @@ impl Node {
 }
 
 /// Constructs a policy by name.
-pub fn build_policy(
-    name: PolicyName,
-    trainer: &Trainer,
-    cfg: &RouterConfig,
-) -> anyhow::Result<Box<dyn Policy>> {
-    Ok(match name {
-        PolicyName::RoundRobin => Box::new(policy::baselines::RoundRobin::default()),
-        PolicyName::LeastRequest => Box::new(policy::baselines::LeastRequest),
-        PolicyName::TokenLoad => Box::new(policy::baselines::TokenLoad),
-        PolicyName::PrefixAffinity => Box::new(policy::baselines::PrefixAffinity::default()),
-        PolicyName::Slo => Box::new(policy::slo::SloPolicy::new(
-            trainer.shared.clone(),
-            cfg.slo.clone(),
-        )),
-    })
+pub fn build_policy(name: PolicyName, trainer: &Trainer, cfg: &RouterConfig) -> anyhow::Result<Box<dyn Policy>> {
+    Ok(policy::build(name, trainer.shared.clone(), cfg.slo.clone()))
+}
+
+/// The router's estimate of a request's output length: exact under `ignore_eos`,
+/// else the model's observed mean (EWMA over completions), capped by `max_tokens`.
+#[derive(Debug, Default)]
+pub struct OutputEstimator {
+    mean: Mutex<HashMap<String, f64>>,
+}
+
+impl OutputEstimator {
+    pub fn estimate(&self, model: &str, max_tokens: Option<u32>, ignore_eos: bool) -> u32 {
+        if ignore_eos {
+            if let Some(m) = max_tokens {
+                return m;
+            }
+        }
+        let mean = self.mean.lock().get(model).copied().unwrap_or(DEFAULT_OUTPUT_TOKENS);
+        let est = mean.round().max(1.0) as u32;
+        max_tokens.map_or(est, |m| m.min(est).max(1))
+    }
+
+    pub fn observe(&self, model: &str, output_tokens: u32) {
+        let mut means = self.mean.lock();
+        let e = means.entry(model.to_string()).or_insert(output_tokens as f64);
+        *e = 0.95 * *e + 0.05 * output_tokens as f64;
+    }
 }

@@ -1,4 +1,11 @@
 //! The discrete-event fleet simulator: engine models for the replicas and the
 //! router's own policy code for each router node, in virtual time.
 
+pub mod config;
+pub mod node;
+pub mod queue;
 pub mod result;
+pub mod run;
+
+pub use config::{SimConfig, parse_fleet};
+pub use run::{SimError, Simulator, simulate};

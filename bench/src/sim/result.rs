@@ -39,7 +39,9 @@ impl RequestRecord {
     }
     /// A single-token response has no TPOT and meets its TPOT objective trivially.
     pub fn met_tpot(&self) -> bool {
-        !self.rejected && self.ttft_s.is_some() && self.tpot_s.is_none_or(|t| t * 1e3 <= self.slo_tpot_ms)
+        !self.rejected
+            && self.ttft_s.is_some()
+            && self.tpot_s.is_none_or(|t| t * 1e3 <= self.slo_tpot_ms)
     }
     pub fn met_both(&self) -> bool {
         self.met_ttft() && self.met_tpot()

@@ -76,6 +76,21 @@ impl std::fmt::Display for PolicyName {
     }
 }
 
+/// Builds one of the node's policies; `predictor` feeds those that predict.
+pub fn build(
+    name: PolicyName,
+    predictor: Arc<headroom_predictor::SharedPredictor>,
+    slo: slo::SloConfig,
+) -> Box<dyn Policy> {
+    match name {
+        PolicyName::RoundRobin => Box::new(baselines::RoundRobin::default()),
+        PolicyName::LeastRequest => Box::new(baselines::LeastRequest),
+        PolicyName::TokenLoad => Box::new(baselines::TokenLoad),
+        PolicyName::PrefixAffinity => Box::new(baselines::PrefixAffinity::default()),
+        PolicyName::Slo => Box::new(slo::SloPolicy::new(predictor, slo)),
+    }
+}
+
 /// A request's objectives (milliseconds).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Slo {

@@ -1,0 +1,139 @@
+//! What a simulation runs: the fleet, the router nodes and how they share state, the
+//! policy, and the clocks of scraping, gossip and learning.
+
+use headroom::config::Fallback;
+use headroom_predictor::PredictorConfig;
+
+/// One group of identical replicas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetGroup {
+    pub profile: String,
+    pub count: u32,
+}
+
+/// The default fleet (documented in the README): a heterogeneous 16-replica fleet of
+/// 6 H100-class, 6 A100-class and 4 L4-class Llama-3-8B replicas.
+pub const DEFAULT_FLEET: &str = "h100-llama3-8b:6,a100-llama3-8b:6,l4-llama3-8b:4";
+
+/// Parses `profile:count,profile:count` (a bare profile means one replica).
+pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (profile, count) = match part.split_once(':') {
+            Some((p, c)) => (
+                p.trim(),
+                c.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("fleet entry `{part}`: count is not a number"))?,
+            ),
+            None => (part, 1),
+        };
+        if count == 0 {
+            return Err(format!("fleet entry `{part}`: count must be > 0"));
+        }
+        crate::engine::Profile::by_name(profile).map_err(|e| e.to_string())?;
+        out.push(FleetGroup {
+            profile: profile.to_string(),
+            count,
+        });
+    }
+    if out.is_empty() {
+        return Err("empty fleet".into());
+    }
+    Ok(out)
+}
+
+/// A replica slowing down at a given time (drift experiments).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slowdown {
+    pub replica: u32,
+    pub at_s: f64,
+    pub factor: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub fleet: Vec<FleetGroup>,
+    /// Model name the replicas serve.
+    pub model: String,
+    /// Policy name: a `headroom serve` policy, a peer baseline, or `oracle`.
+    pub policy: String,
+    /// Router nodes; arrivals are spread over them at random (seeded).
+    pub routers: u32,
+    /// Share in-flight placements between nodes (the mesh); off = independent nodes.
+    pub mesh: bool,
+    /// How often each node publishes its in-flight vector, and how late peers see it.
+    pub gossip_interval_s: f64,
+    pub gossip_delay_s: f64,
+    /// How often each node reads each replica's metrics.
+    pub scrape_interval_s: f64,
+    /// How often each node's trainer publishes a predictor snapshot.
+    pub publish_interval_s: f64,
+    /// How often nodes exchange predictor statistics (federation; 0 = never).
+    pub federation_interval_s: f64,
+    /// Sampling period of per-replica load.
+    pub load_sample_interval_s: f64,
+    pub predictor: PredictorConfig,
+    pub slo: headroom::policy::slo::SloConfig,
+    /// Router prefix-index block size (tokens).
+    pub block_tokens: u32,
+    /// Objectives for requests that carry none.
+    pub default_slo_ttft_ms: f64,
+    pub default_slo_tpot_ms: f64,
+    pub fallback: Fallback,
+    /// `max_tokens` the client sends: `output × factor`, at least `min` (the engine
+    /// still stops at the true output length; the router does not know it).
+    pub max_tokens_factor: f64,
+    pub max_tokens_min: u32,
+    /// Lognormal step-time noise of the engines (0 = none).
+    pub step_noise: f64,
+    pub slowdowns: Vec<Slowdown>,
+    pub seed: u64,
+    /// Arrival rate multiplier.
+    pub rate_scale: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            fleet: parse_fleet(DEFAULT_FLEET).expect("the default fleet is valid"),
+            model: "llama-3-8b".into(),
+            policy: "slo".into(),
+            routers: 1,
+            mesh: true,
+            gossip_interval_s: 0.05,
+            gossip_delay_s: 0.01,
+            scrape_interval_s: 0.1,
+            publish_interval_s: 0.25,
+            federation_interval_s: 1.0,
+            load_sample_interval_s: 1.0,
+            predictor: PredictorConfig::default(),
+            slo: Default::default(),
+            block_tokens: 16,
+            default_slo_ttft_ms: 2_000.0,
+            default_slo_tpot_ms: 100.0,
+            fallback: Fallback::LeastBad,
+            max_tokens_factor: 2.0,
+            max_tokens_min: 256,
+            step_noise: 0.0,
+            slowdowns: Vec::new(),
+            seed: 1,
+            rate_scale: 1.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fleet_specs() {
+        let f = super::parse_fleet("h100-llama3-8b:2, a100-llama3-8b").unwrap();
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].count, 2);
+        assert_eq!(f[1].count, 1);
+        assert!(super::parse_fleet("nope:1").is_err());
+        assert!(super::parse_fleet("h100-llama3-8b:x").is_err());
+        assert!(super::parse_fleet("h100-llama3-8b:0").is_err());
+        assert!(super::parse_fleet(super::DEFAULT_FLEET).is_ok());
+    }
+}

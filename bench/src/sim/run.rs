@@ -1,0 +1,688 @@
+//! The simulation loop.
+//!
+//! Invariants: events run in (time, insertion) order; every random choice comes from
+//! a generator seeded by the config, so a run is a pure function of (workload,
+//! config); the router nodes only see what a real router sees — their own bookings,
+//! peers' gossiped bookings (late by the gossip delay), scraped metrics (as of the last
+//! scrape), and the latencies they measure. Nothing reads the engine model's internals
+//! except the `oracle` policy, which exists to bound what is achievable.
+
+use std::{str::FromStr, sync::Arc, time::Instant};
+
+use headroom::{
+    decide::{self, Learn, RouteInputs, Verdict},
+    fleet::{EngineKind, PeerLoad, Scraped},
+    ledger::{Booking, Load},
+    policy::{self, PolicyName, RequestProfile, Slo, candidates::CandidateParams},
+    prefix::PrefixIndex,
+    tokens,
+};
+use headroom_predictor::{Learner, SharedPredictor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{
+    config::SimConfig,
+    node::{SimNode, replica_view},
+    queue::EventQueue,
+    result::{LoadSample, ReplicaInfo, RequestRecord, RunResult},
+};
+use crate::{
+    engine::{
+        Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids, tokens_for_hash_ids,
+    },
+    workload::Workload,
+};
+
+/// Largest number of router prefix blocks hashed per request.
+const MAX_ROUTER_BLOCKS: usize = 8192;
+
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    Arrival(u32),
+    /// A deferred request asks again.
+    Retry(u32),
+    StepEnd(u32),
+    Scrape(u32),
+    Gossip,
+    GossipDeliver(u32),
+    Publish,
+    Federate,
+    LoadSample,
+    Slowdown(u32),
+}
+
+struct SimReplica {
+    engine: Engine,
+    stepping: bool,
+    /// Requests placed here and not finished (ground truth, for load samples).
+    inflight: u32,
+}
+
+/// A request between placement and completion.
+struct Live {
+    node: u32,
+    replica: u32,
+    booking: Booking,
+    dispatched_s: f64,
+    first_s: Option<f64>,
+    last_s: f64,
+    tokens: u32,
+    learn: Learn,
+    fallback: Option<&'static str>,
+}
+
+/// Per-request data computed once at arrival.
+struct Prepared {
+    /// The node that took the request.
+    node: usize,
+    profile: RequestProfile,
+    engine_hashes: Vec<u64>,
+    max_tokens: u32,
+}
+
+/// Errors that stop a simulation before it starts.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("fleet: {0}")]
+    Fleet(String),
+    #[error("unknown policy `{0}`")]
+    Policy(String),
+    #[error("workload is empty")]
+    EmptyWorkload,
+}
+
+pub struct Simulator<'w> {
+    cfg: SimConfig,
+    wl: &'w Workload,
+    profiles: Vec<Profile>,
+    q: EventQueue<Ev>,
+    replicas: Vec<SimReplica>,
+    nodes: Vec<SimNode>,
+    prepared: Vec<Option<Prepared>>,
+    live: Vec<Option<Live>>,
+    records: Vec<RequestRecord>,
+    load: Vec<LoadSample>,
+    decision_ns: Vec<u32>,
+    /// In-flight vectors in transit: (sent at, per node, per replica).
+    gossip: Vec<Option<(f64, Vec<Vec<Load>>)>>,
+    /// Latest vectors peers have received from each node.
+    heard: Vec<Vec<Load>>,
+    arrivals_left: usize,
+    rng: ChaCha8Rng,
+    end_s: f64,
+}
+
+fn build_policy(
+    name: &str,
+    predictor: Arc<SharedPredictor>,
+    cfg: &SimConfig,
+) -> Result<Box<dyn policy::Policy>, SimError> {
+    let p = PolicyName::from_str(name).map_err(|_| SimError::Policy(name.to_string()))?;
+    Ok(policy::build(p, predictor, cfg.slo.clone()))
+}
+
+impl<'w> Simulator<'w> {
+    pub fn new(wl: &'w Workload, cfg: SimConfig) -> Result<Self, SimError> {
+        if wl.requests.is_empty() {
+            return Err(SimError::EmptyWorkload);
+        }
+        let mut profiles = Vec::new();
+        for g in &cfg.fleet {
+            let p = Profile::by_name(&g.profile).map_err(|e| SimError::Fleet(e.to_string()))?;
+            for _ in 0..g.count {
+                profiles.push(p.clone());
+            }
+        }
+        let mut replicas = Vec::new();
+        for (i, p) in profiles.iter().enumerate() {
+            let mut engine = Engine::new(p, cfg.seed.wrapping_mul(1000).wrapping_add(i as u64))
+                .map_err(|e| SimError::Fleet(e.to_string()))?;
+            if cfg.step_noise > 0.0 {
+                engine
+                    .set_step_noise(cfg.step_noise)
+                    .map_err(|e| SimError::Fleet(e.to_string()))?;
+            }
+            replicas.push(SimReplica {
+                engine,
+                stepping: false,
+                inflight: 0,
+            });
+        }
+        let mut nodes = Vec::new();
+        for n in 0..cfg.routers.max(1) {
+            let name = format!("node-{n}");
+            let mut learner = Learner::new(cfg.predictor.clone());
+            learner.set_node_id(&name);
+            let predictor = Arc::new(SharedPredictor::new(learner.snapshot(0.0)));
+            let views = profiles
+                .iter()
+                .enumerate()
+                .map(|(i, p)| replica_view(i, p, &cfg.model).map(Arc::new))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(SimError::Fleet)?;
+            nodes.push(SimNode {
+                id: n,
+                name,
+                views,
+                prefix: PrefixIndex::new(1 << 21),
+                policy: build_policy(&cfg.policy, predictor.clone(), &cfg)?,
+                predictor,
+                learner,
+                outputs: Default::default(),
+                rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ (0x5EED_0000 + n as u64)),
+                dirty: false,
+            });
+        }
+        let n_req = wl.requests.len();
+        let heard = vec![vec![Load::default(); profiles.len()]; nodes.len()];
+        Ok(Self {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            wl,
+            profiles,
+            q: EventQueue::new(),
+            replicas,
+            nodes,
+            prepared: (0..n_req).map(|_| None).collect(),
+            live: (0..n_req).map(|_| None).collect(),
+            records: Vec::with_capacity(n_req),
+            load: Vec::new(),
+            decision_ns: Vec::with_capacity(n_req),
+            gossip: Vec::new(),
+            heard,
+            arrivals_left: n_req,
+            end_s: 0.0,
+        })
+    }
+
+    /// Runs to completion: every request served (or rejected).
+    pub fn run(mut self) -> RunResult {
+        let k = self.cfg.rate_scale.max(1e-9);
+        let t0 = self.wl.requests[0].arrival_s;
+        for (i, r) in self.wl.requests.iter().enumerate() {
+            self.q.push((r.arrival_s - t0) / k, Ev::Arrival(i as u32));
+        }
+        for n in 0..self.nodes.len() {
+            // Nodes scrape at their own phase, as independent processes would.
+            let phase = self.rng.random::<f64>() * self.cfg.scrape_interval_s;
+            self.q.push(phase, Ev::Scrape(n as u32));
+        }
+        if self.cfg.mesh && self.nodes.len() > 1 {
+            self.q.push(self.cfg.gossip_interval_s, Ev::Gossip);
+        }
+        self.q.push(self.cfg.publish_interval_s, Ev::Publish);
+        if self.cfg.federation_interval_s > 0.0 && self.nodes.len() > 1 {
+            self.q.push(self.cfg.federation_interval_s, Ev::Federate);
+        }
+        self.q.push(0.0, Ev::LoadSample);
+        for (i, s) in self.cfg.slowdowns.clone().iter().enumerate() {
+            self.q.push(s.at_s, Ev::Slowdown(i as u32));
+        }
+        while let Some((t, ev)) = self.q.pop() {
+            if self.done() {
+                break;
+            }
+            self.end_s = t;
+            match ev {
+                Ev::Arrival(i) => self.arrive(i as usize, t),
+                Ev::Retry(i) => self.decide(i as usize, t),
+                Ev::StepEnd(r) => self.step_end(r as usize, t),
+                Ev::Scrape(n) => self.scrape(n as usize, t),
+                Ev::Gossip => self.gossip_send(t),
+                Ev::GossipDeliver(b) => self.gossip_deliver(b as usize),
+                Ev::Publish => self.publish(t),
+                Ev::Federate => self.federate(t),
+                Ev::LoadSample => self.sample_load(t),
+                Ev::Slowdown(i) => {
+                    let s = &self.cfg.slowdowns[i as usize];
+                    if let Some(r) = self.replicas.get_mut(s.replica as usize) {
+                        let _ = r.engine.set_slowdown(s.factor);
+                    }
+                }
+            }
+        }
+        self.records.sort_by_key(|r| r.id);
+        RunResult {
+            policy: self.cfg.policy.clone(),
+            workload: self.wl.name.clone(),
+            rate_scale: self.cfg.rate_scale,
+            seed: self.cfg.seed,
+            routers: self.nodes.len() as u32,
+            replicas: self
+                .profiles
+                .iter()
+                .enumerate()
+                .map(|(i, p)| ReplicaInfo {
+                    name: format!("r{i}-{}", p.name),
+                    profile: p.name.clone(),
+                })
+                .collect(),
+            records: self.records,
+            load: self.load,
+            decision_ns: self.decision_ns,
+            sim_duration_s: self.end_s,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.arrivals_left == 0
+            && self.live.iter().all(Option::is_none)
+            && self.records.len() >= self.wl.requests.len()
+    }
+
+    fn prepare(&self, i: usize, node: usize) -> Option<Prepared> {
+        let r = &self.wl.requests[i];
+        let block = self.profiles[0].block_size as usize;
+        let (engine_hashes, router_blocks) = if r.hash_ids.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let bt = r.block_tokens.max(1);
+            let eh = block_hashes_for_hash_ids(&r.hash_ids, r.input_tokens, bt, block, 0).ok()?;
+            let toks = tokens_for_hash_ids(&r.hash_ids, r.input_tokens, bt).ok()?;
+            let shape =
+                tokens::shape_of_ids(&toks, self.cfg.block_tokens as usize, MAX_ROUTER_BLOCKS);
+            (eh, shape.blocks)
+        };
+        let min_ctx = self
+            .profiles
+            .iter()
+            .map(|p| p.max_model_len)
+            .max()
+            .unwrap_or(0);
+        let room = min_ctx.saturating_sub(r.input_tokens);
+        let want = ((r.output_tokens as f64 * self.cfg.max_tokens_factor) as u32)
+            .max(self.cfg.max_tokens_min);
+        let max_tokens = want.min(room).max(r.output_tokens.min(room)).max(1);
+        let n = &self.nodes[node];
+        let profile = RequestProfile {
+            model: self.cfg.model.clone(),
+            prompt_tokens: r.input_tokens,
+            blocks: router_blocks,
+            max_tokens: Some(max_tokens),
+            expected_output_tokens: n.outputs.estimate(&self.cfg.model, Some(max_tokens), false),
+            slo: Slo {
+                ttft_ms: r.slo_ttft_ms.unwrap_or(self.cfg.default_slo_ttft_ms),
+                tpot_ms: r.slo_tpot_ms.unwrap_or(self.cfg.default_slo_tpot_ms),
+            },
+            priority: 0,
+            fallback: self.cfg.fallback,
+            stream: true,
+        };
+        Some(Prepared {
+            node,
+            profile,
+            engine_hashes,
+            max_tokens,
+        })
+    }
+
+    fn arrive(&mut self, i: usize, t: f64) {
+        self.arrivals_left -= 1;
+        let node = self.rng.random_range(0..self.nodes.len());
+        match self.prepare(i, node) {
+            Some(p) => {
+                self.prepared[i] = Some(p);
+                self.decide(i, t);
+            }
+            None => self.reject(i, node as u32, t, "unservable request"),
+        }
+    }
+
+    fn reject(&mut self, i: usize, node: u32, _t: f64, why: &str) {
+        let r = &self.wl.requests[i];
+        self.records.push(RequestRecord {
+            id: r.id,
+            tenant: r.tenant.clone(),
+            arrival_s: r.arrival_s,
+            replica: None,
+            node,
+            input_tokens: r.input_tokens,
+            output_tokens: 0,
+            slo_ttft_ms: r.slo_ttft_ms.unwrap_or(self.cfg.default_slo_ttft_ms),
+            slo_tpot_ms: r.slo_tpot_ms.unwrap_or(self.cfg.default_slo_tpot_ms),
+            fallback: Some(why.to_string()),
+            rejected: true,
+            ..Default::default()
+        });
+        self.prepared[i] = None;
+    }
+
+    /// Routes request `i` at `t` with its node's policy (the binary's decision code).
+    fn decide(&mut self, i: usize, t: f64) {
+        let Some(prep) = self.prepared[i].as_ref() else {
+            return;
+        };
+        let node_ix = prep.node;
+        let node = &mut self.nodes[node_ix];
+        let inputs = RouteInputs {
+            policy: node.policy.as_ref(),
+            predictor: &node.predictor,
+            prefix: &node.prefix,
+            replicas: &node.views,
+            params: CandidateParams {
+                block_tokens: self.cfg.block_tokens,
+                stale_after_s: 2.0,
+            },
+            max_targets: 1,
+        };
+        let routed = match decide::route(&inputs, &prep.profile, t, &mut node.rng) {
+            Ok(r) => r,
+            Err(e) => {
+                let why = e.to_string();
+                self.reject(i, node_ix as u32, t, &why);
+                return;
+            }
+        };
+        self.decision_ns
+            .push(routed.decision_ns.min(u32::MAX as u64) as u32);
+        let arrival = (self.wl.requests[i].arrival_s - self.wl.requests[0].arrival_s)
+            / self.cfg.rate_scale.max(1e-9);
+        let mut fallback = routed.fallback;
+        match routed.verdict {
+            Verdict::Go => {}
+            Verdict::Defer(after) => {
+                let budget = prep.profile.slo.ttft_ms / 1e3 * self.cfg.slo.defer_budget;
+                if t + after <= arrival + budget {
+                    self.q.push(t + after.max(1e-3), Ev::Retry(i as u32));
+                    return;
+                }
+                fallback = Some("defer-expired");
+            }
+            Verdict::Reject(reason) => {
+                self.reject(i, node_ix as u32, t, &reason);
+                return;
+            }
+        }
+        let Some(target) = routed.targets.into_iter().next() else {
+            self.reject(i, node_ix as u32, t, "no target");
+            return;
+        };
+        self.place(
+            i,
+            node_ix,
+            target.index,
+            target.cached_tokens,
+            target.learn,
+            fallback,
+            t,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &mut self,
+        i: usize,
+        node_ix: usize,
+        r: usize,
+        cached: u32,
+        learn: Learn,
+        fallback: Option<&'static str>,
+        t: f64,
+    ) {
+        let Some(prep) = self.prepared[i].take() else {
+            return;
+        };
+        let node = &self.nodes[node_ix];
+        let view = &node.views[r];
+        let booking = decide::book(view, &prep.profile, cached, t);
+        decide::remember_prefix(
+            &node.prefix,
+            view,
+            &prep.profile,
+            cached,
+            self.cfg.block_tokens,
+        );
+        let w = &self.wl.requests[i];
+        let req = EngineRequest {
+            id: i as u64,
+            prompt_tokens: w.input_tokens,
+            block_hashes: prep.engine_hashes,
+            max_output_tokens: prep.max_tokens,
+            eos_after: Some(w.output_tokens.max(1)),
+        };
+        let rep = &mut self.replicas[r];
+        if let Err(e) = rep.engine.submit_at(req, t) {
+            drop(booking);
+            self.reject(i, node_ix as u32, t, &e.to_string());
+            return;
+        }
+        rep.inflight += 1;
+        self.live[i] = Some(Live {
+            node: node_ix as u32,
+            replica: r as u32,
+            booking,
+            dispatched_s: t,
+            first_s: None,
+            last_s: t,
+            tokens: 0,
+            learn,
+            fallback,
+        });
+        if !rep.stepping {
+            self.start_step(r, t);
+        }
+    }
+
+    fn start_step(&mut self, r: usize, t: f64) {
+        let rep = &mut self.replicas[r];
+        rep.engine.advance_to(t);
+        let info = rep.engine.step();
+        if info.idle {
+            rep.stepping = false;
+            return;
+        }
+        rep.stepping = true;
+        let end = rep.engine.now_s();
+        self.q.push(end, Ev::StepEnd(r as u32));
+    }
+
+    fn step_end(&mut self, r: usize, t: f64) {
+        let events: Vec<Event> = self.replicas[r].engine.events().to_vec();
+        for ev in events {
+            match ev {
+                Event::FirstToken { id, .. } => {
+                    if let Some(l) = self.live[id as usize].as_mut() {
+                        l.first_s = Some(t);
+                        l.last_s = t;
+                        l.tokens = 1;
+                        l.booking.first_token();
+                        l.booking.generated(1);
+                    }
+                }
+                Event::Token { id, .. } => {
+                    if let Some(l) = self.live[id as usize].as_mut() {
+                        l.last_s = t;
+                        l.tokens += 1;
+                        l.booking.generated(1);
+                    }
+                }
+                Event::Finished {
+                    id,
+                    output_tokens,
+                    cached_tokens,
+                    ..
+                } => {
+                    self.finish(id as usize, output_tokens, cached_tokens, t);
+                }
+                Event::Preempted { .. } => {}
+            }
+        }
+        self.replicas[r].stepping = false;
+        if !self.replicas[r].engine.is_idle() {
+            self.start_step(r, t);
+        }
+    }
+
+    fn finish(&mut self, i: usize, output_tokens: u32, cached_tokens: u32, t: f64) {
+        let Some(l) = self.live[i].take() else { return };
+        self.replicas[l.replica as usize].inflight -= 1;
+        let w = &self.wl.requests[i];
+        let arrival = (w.arrival_s - self.wl.requests[0].arrival_s) / self.cfg.rate_scale.max(1e-9);
+        let ttft_dispatch = l.first_s.map(|f| (f - l.dispatched_s) * 1e3);
+        let tpot = match l.first_s {
+            Some(f) if output_tokens >= 2 => Some((l.last_s - f) / (output_tokens - 1) as f64),
+            _ => None,
+        };
+        let node = &mut self.nodes[l.node as usize];
+        node.outputs.observe(&self.cfg.model, output_tokens);
+        if let Some(s) = decide::sample(
+            &l.learn,
+            t,
+            ttft_dispatch,
+            tpot.map(|x| x * 1e3),
+            output_tokens,
+            false,
+        ) {
+            node.learner.observe(&s);
+            node.dirty = true;
+        }
+        l.booking.complete();
+        let p = l.learn.prediction;
+        self.records.push(RequestRecord {
+            id: w.id,
+            tenant: w.tenant.clone(),
+            arrival_s: arrival,
+            replica: Some(l.replica),
+            node: l.node,
+            input_tokens: w.input_tokens,
+            output_tokens,
+            cached_tokens,
+            ttft_s: l.first_s.map(|f| f - arrival),
+            tpot_s: tpot,
+            e2e_s: Some(t - arrival),
+            slo_ttft_ms: w.slo_ttft_ms.unwrap_or(self.cfg.default_slo_ttft_ms),
+            slo_tpot_ms: w.slo_tpot_ms.unwrap_or(self.cfg.default_slo_tpot_ms),
+            predicted_ttft_ms: Some(p.ttft_ms),
+            predicted_ttft_upper_ms: Some(p.ttft_upper_ms),
+            predicted_tpot_ms: Some(p.tpot_ms),
+            predicted_tpot_upper_ms: Some(p.tpot_upper_ms),
+            fallback: l.fallback.map(str::to_string),
+            rejected: false,
+        });
+    }
+
+    /// Node `n` reads every replica's metrics, as its scraper would.
+    fn scrape(&mut self, n: usize, t: f64) {
+        for (r, rep) in self.replicas.iter().enumerate() {
+            let s = rep.engine.stats();
+            let view = &self.nodes[n].views[r];
+            let prev = view.scraped.load_full();
+            let preemptions = s.preemptions as f64;
+            let rate = match prev.as_deref() {
+                Some(p) if t > p.at_s => (preemptions - p.preemptions).max(0.0) / (t - p.at_s),
+                _ => 0.0,
+            };
+            view.scraped.store(Some(Arc::new(Scraped {
+                at_s: t,
+                engine: EngineKind::Vllm,
+                running: s.running as f64,
+                waiting: s.waiting as f64,
+                kv_usage: Some(s.kv_cache_usage),
+                num_gpu_blocks: Some(s.num_gpu_blocks),
+                block_size: Some(s.block_size),
+                prefix_queries: s.prefix_cache_queries as f64,
+                prefix_hits: s.prefix_cache_hits as f64,
+                preemptions,
+                preemption_rate: rate,
+                rejected_values: 0,
+            })));
+        }
+        if !self.quiet() {
+            self.q
+                .push(t + self.cfg.scrape_interval_s, Ev::Scrape(n as u32));
+        }
+    }
+
+    /// No more work will ever arrive or run: periodic ticks stop rescheduling.
+    fn quiet(&self) -> bool {
+        self.arrivals_left == 0 && self.live.iter().all(Option::is_none)
+    }
+
+    fn gossip_send(&mut self, t: f64) {
+        let batch: Vec<Vec<Load>> = self.nodes.iter().map(|n| n.own_loads(t)).collect();
+        self.gossip.push(Some((t, batch)));
+        self.q.push(
+            t + self.cfg.gossip_delay_s,
+            Ev::GossipDeliver((self.gossip.len() - 1) as u32),
+        );
+        if !self.quiet() {
+            self.q.push(t + self.cfg.gossip_interval_s, Ev::Gossip);
+        }
+    }
+
+    fn gossip_deliver(&mut self, b: usize) {
+        let Some((sent, batch)) = self.gossip.get_mut(b).and_then(Option::take) else {
+            return;
+        };
+        self.heard = batch;
+        let n_nodes = self.nodes.len();
+        for j in 0..n_nodes {
+            for r in 0..self.replicas.len() {
+                let mut sum = Load::default();
+                for k in (0..n_nodes).filter(|&k| k != j) {
+                    sum = sum.plus(&self.heard[k][r]);
+                }
+                self.nodes[j].views[r].peer_load.store(Arc::new(PeerLoad {
+                    load: sum,
+                    updated_s: sent,
+                }));
+            }
+        }
+    }
+
+    fn publish(&mut self, t: f64) {
+        for n in &mut self.nodes {
+            if n.dirty {
+                n.learner.tick(t);
+                n.predictor.store(n.learner.snapshot(t));
+                n.dirty = false;
+            }
+        }
+        if !self.quiet() {
+            self.q.push(t + self.cfg.publish_interval_s, Ev::Publish);
+        }
+    }
+
+    fn federate(&mut self, t: f64) {
+        let slots: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|n| n.learner.export_slot(&n.name, t))
+            .collect();
+        for (j, n) in self.nodes.iter_mut().enumerate() {
+            for (k, slot) in slots.iter().enumerate() {
+                if k != j && n.learner.merge_peer_slot(slot.clone()).is_ok() {
+                    n.dirty = true;
+                }
+            }
+        }
+        if !self.quiet() {
+            self.q
+                .push(t + self.cfg.federation_interval_s, Ev::Federate);
+        }
+    }
+
+    fn sample_load(&mut self, t: f64) {
+        self.load.push(LoadSample {
+            t_s: t,
+            inflight: self.replicas.iter().map(|r| r.inflight).collect(),
+        });
+        if !self.quiet() {
+            self.q
+                .push(t + self.cfg.load_sample_interval_s, Ev::LoadSample);
+        }
+    }
+}
+
+/// Runs one simulation.
+pub fn simulate(wl: &Workload, cfg: SimConfig) -> Result<RunResult, SimError> {
+    let started = Instant::now();
+    let out = Simulator::new(wl, cfg)?.run();
+    tracing::debug!(
+        "simulated {} requests in {:?}",
+        out.records.len(),
+        started.elapsed()
+    );
+    Ok(out)
+}
