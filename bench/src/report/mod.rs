@@ -2,3 +2,15 @@
 //! `report.json`, SVG plots) that compare policies side by side.
 
 pub mod quantile;
+pub mod summary;
+
+pub use summary::RunSummary;
+pub mod capacity;
+
+pub use capacity::{Capacity, CapacitySearch, CapacityStatus, Probe};
+mod document;
+mod json;
+mod markdown;
+mod plot;
+
+pub use document::{PolicyReport, Report, ReportError, ReportFiles, write_report};
