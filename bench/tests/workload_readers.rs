@@ -140,6 +140,27 @@ fn azure_csv_is_parsed_exactly() {
             .iter()
             .all(|r| r.hash_ids.is_empty() && r.tenant.is_none())
     );
+    // Unique ids of their own make the rows runnable on the engine model, sharing nothing.
+    let filled = w.clone().with_unique_hash_ids();
+    let ids: Vec<Vec<u64>> = filled.requests.iter().map(|r| r.hash_ids.clone()).collect();
+    assert_eq!(ids, vec![vec![0], vec![1], vec![2]]);
+    assert_eq!(filled.summary().prefix_reuse, 0.0);
+    let long = Workload::from_spec("poisson:rate=1,duration=30,input=const(1100)").expect("spec");
+    let mut mixed = long.clone();
+    mixed.requests[0].hash_ids.clear();
+    let refilled = mixed.with_unique_hash_ids();
+    let max_before = long
+        .requests
+        .iter()
+        .flat_map(|r| r.hash_ids.iter())
+        .max()
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(
+        refilled.requests[0].hash_ids,
+        vec![max_before + 1, max_before + 2, max_before + 3]
+    );
+    assert_eq!(refilled.requests[1..], long.requests[1..]);
 
     for (text, want) in [
         ("TIME,In,Out\n", ":1: expected header"),

@@ -195,6 +195,24 @@ impl Workload {
         self
     }
 
+    /// Gives every request without `hash_ids` (Azure rows) fresh ids of its own that
+    /// cover its prompt, numbered above every id in use, so an engine model that needs
+    /// block ids can run it; such prompts still share nothing.
+    pub fn with_unique_hash_ids(mut self) -> Workload {
+        let mut next = self
+            .requests
+            .iter()
+            .flat_map(|r| r.hash_ids.iter().copied())
+            .max()
+            .map_or(0, |m| m.saturating_add(1));
+        for r in self.requests.iter_mut().filter(|r| r.hash_ids.is_empty()) {
+            let n = r.input_tokens.div_ceil(r.block_tokens.max(1));
+            r.hash_ids = (0..u64::from(n)).map(|i| next.saturating_add(i)).collect();
+            next = next.saturating_add(u64::from(n));
+        }
+        self
+    }
+
     pub fn summary(&self) -> WorkloadSummary {
         WorkloadSummary::of(self)
     }
