@@ -63,8 +63,13 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
 /// Token at `offset` inside the block of trace hash id `hash_id`.
 #[inline]
 pub fn token_for_hash_id(hash_id: u64, offset: u32) -> u32 {
-    let z = mix64(mix64(hash_id) ^ u64::from(offset));
-    (z % u64::from(SYNTH_VOCAB)) as u32
+    token_from_id_seed(mix64(hash_id), offset)
+}
+
+/// [`token_for_hash_id`] with `mix64(hash_id)` hoisted out of per-token loops.
+#[inline]
+fn token_from_id_seed(id_seed: u64, offset: u32) -> u32 {
+    (mix64(id_seed ^ u64::from(offset)) % u64::from(SYNTH_VOCAB)) as u32
 }
 
 fn check_cover(hash_ids: &[u64], input_len: u32, tokens_per_id: u32) -> Result<(), EngineError> {
@@ -112,11 +117,16 @@ pub fn block_hashes_for_hash_ids(
     let mut out = Vec::with_capacity(full as usize);
     let mut bytes = Vec::with_capacity(bs as usize * 4);
     let mut parent = CHAIN_SEED ^ salt;
+    let (mut seed_idx, mut id_seed) = (usize::MAX, 0u64);
     for b in 0..full {
         bytes.clear();
         for p in b * bs..(b + 1) * bs {
-            let id = hash_ids[(p / tokens_per_id) as usize];
-            bytes.extend_from_slice(&token_for_hash_id(id, p % tokens_per_id).to_le_bytes());
+            let idx = (p / tokens_per_id) as usize;
+            if idx != seed_idx {
+                (seed_idx, id_seed) = (idx, mix64(hash_ids[idx]));
+            }
+            let t = token_from_id_seed(id_seed, p % tokens_per_id);
+            bytes.extend_from_slice(&t.to_le_bytes());
         }
         parent = xxh3_64_with_seed(&bytes, parent);
         out.push(parent);
