@@ -98,7 +98,8 @@ impl Node {
 
     /// Expected output tokens (see [`OutputEstimator`]).
     pub fn expected_output(&self, req: &ParsedRequest) -> u32 {
-        self.outputs.estimate(&req.model, req.max_tokens, req.ignore_eos)
+        self.outputs
+            .estimate(&req.model, req.max_tokens, req.ignore_eos)
     }
 
     /// Predicted against actual, and the sample for the trainer.
@@ -186,7 +187,11 @@ impl Node {
 }
 
 /// Constructs a policy by name.
-pub fn build_policy(name: PolicyName, trainer: &Trainer, cfg: &RouterConfig) -> anyhow::Result<Box<dyn Policy>> {
+pub fn build_policy(
+    name: PolicyName,
+    trainer: &Trainer,
+    cfg: &RouterConfig,
+) -> anyhow::Result<Box<dyn Policy>> {
     Ok(policy::build(name, trainer.shared.clone(), cfg.slo.clone()))
 }
 
@@ -199,19 +204,24 @@ pub struct OutputEstimator {
 
 impl OutputEstimator {
     pub fn estimate(&self, model: &str, max_tokens: Option<u32>, ignore_eos: bool) -> u32 {
-        if ignore_eos {
-            if let Some(m) = max_tokens {
-                return m;
-            }
+        if let (true, Some(m)) = (ignore_eos, max_tokens) {
+            return m;
         }
-        let mean = self.mean.lock().get(model).copied().unwrap_or(DEFAULT_OUTPUT_TOKENS);
+        let mean = self
+            .mean
+            .lock()
+            .get(model)
+            .copied()
+            .unwrap_or(DEFAULT_OUTPUT_TOKENS);
         let est = mean.round().max(1.0) as u32;
         max_tokens.map_or(est, |m| m.min(est).max(1))
     }
 
     pub fn observe(&self, model: &str, output_tokens: u32) {
         let mut means = self.mean.lock();
-        let e = means.entry(model.to_string()).or_insert(output_tokens as f64);
+        let e = means
+            .entry(model.to_string())
+            .or_insert(output_tokens as f64);
         *e = 0.95 * *e + 0.05 * output_tokens as f64;
     }
 }

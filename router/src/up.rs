@@ -69,12 +69,10 @@ pub async fn wait_healthy(addr: SocketAddr, timeout: Duration) -> anyhow::Result
     let base: http::Uri = format!("http://{addr}").parse()?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Ok((s, _)) =
-            crate::upstream::get(&client, &base, "/health", Duration::from_millis(500), 1024).await
-        {
-            if s.is_success() {
-                return Ok(());
-            }
+        let got =
+            crate::upstream::get(&client, &base, "/health", Duration::from_millis(500), 1024).await;
+        if got.is_ok_and(|(s, _)| s.is_success()) {
+            return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
             bail!("{addr} did not become healthy within {timeout:?}");

@@ -72,7 +72,9 @@ fn parse_value(s: &str) -> Option<f64> {
 }
 
 /// Parses the label block after `{`; returns labels and the rest after `}`.
-fn parse_labels(mut s: &str) -> Option<(Vec<(&str, Cow<'_, str>)>, &str)> {
+type Labels<'a> = Vec<(&'a str, Cow<'a, str>)>;
+
+fn parse_labels(mut s: &str) -> Option<(Labels<'_>, &str)> {
     let mut out = Vec::new();
     loop {
         s = s.trim_start_matches([' ', ',']);

@@ -202,10 +202,10 @@ async fn first_frame(
         loop {
             match body.frame().await {
                 Some(Ok(f)) => {
-                    if let Ok(d) = f.into_data() {
-                        if !d.is_empty() {
-                            return Ok(Some(d));
-                        }
+                    if let Ok(d) = f.into_data()
+                        && !d.is_empty()
+                    {
+                        return Ok(Some(d));
                     }
                 }
                 Some(Err(_)) => return Err("reset_before_first_byte"),

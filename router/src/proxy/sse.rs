@@ -138,10 +138,9 @@ impl SseScanner {
             return Verdict::Pass;
         }
         if find(data, b"\"usage\":{").is_some() {
-            if let Ok(u) = serde_json::from_slice::<UsageOnly>(data.trim_ascii_end()) {
-                if u.usage.is_some() {
-                    self.usage = u.usage;
-                }
+            if let Ok(UsageOnly { usage: Some(u) }) = serde_json::from_slice(data.trim_ascii_end())
+            {
+                self.usage = Some(u);
             }
             // The final usage chunk has no choices; drop it if the client did not ask.
             if find(data, b"\"choices\":[]").is_some() {

@@ -245,9 +245,11 @@ pub async fn router(
     policy: PolicyName,
     tweak: impl FnOnce(&mut RouterConfig),
 ) -> TestRouter {
-    let mut cfg = RouterConfig::default();
-    cfg.policy = policy;
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    let mut cfg = RouterConfig {
+        policy,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..RouterConfig::default()
+    };
     cfg.health.probe_interval_ms = 50;
     cfg.health.probe_timeout_ms = 200;
     cfg.health.backoff_initial_ms = 300;
