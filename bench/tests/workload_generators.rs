@@ -220,7 +220,7 @@ fn bad_specs_are_clear_errors() {
 fn lengths_can_be_resampled_from_a_trace() {
     let trace = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/traces/AzureLLMInferenceTrace_code.csv"
+        "/traces/AzureLLMInferenceTrace_code.csv"
     );
     let w = make(&format!(
         "poisson:rate=50,duration=200,input=trace({trace}),output=trace({trace}),seed=9"

@@ -1,12 +1,12 @@
 //! Trace readers and writers: inline files, malformed input, and the real traces in
-//! `shared/traces` (figures as stated in its README).
+//! `bench/traces` (copies of `shared/traces`) (figures as stated in its README).
 
 use std::path::{Path, PathBuf};
 
 use headroom_bench::workload::{SloClass, SloRule, Workload, WorkloadError};
 
 fn traces() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("traces")
 }
 
 /// A scratch directory removed on drop.
