@@ -101,6 +101,11 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| b.iter(|| load.step()));
     }
     g.finish();
+    // What an oracle pays to fork a loaded engine (27.5k-block pool, cache map).
+    let load = Load::new("h100-llama3-8b", 32, 12_000, 343, 8);
+    c.bench_function("engine_clone/h100_mooncake_like_32x12k", |b| {
+        b.iter(|| std::hint::black_box(load.engine.clone()))
+    });
 }
 
 criterion_group!(benches, bench);
