@@ -47,7 +47,22 @@ pub struct StatsBlock {
     pub n: u64,
     /// Forward-decay landmark the sums are relative to (seconds).
     pub landmark_s: f64,
-    /// Newest label time behind the block (seconds).
+}
+
+/// Newest label time behind one (class, target) block; lets a receiver judge staleness.
+#[derive(
+    Clone,
+    Debug,
+    PartialEq,
+    Serialize,
+    Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+pub struct LabelTime {
+    pub group: u64,
+    pub target: u8,
     pub last_at_s: f64,
 }
 
@@ -94,6 +109,8 @@ pub struct FederationSlot {
     /// to a pooled statistic, so a receiver with a different τ refuses the slot.
     pub tau_s: f64,
     pub blocks: Vec<StatsBlock>,
+    /// One entry per block: when its newest label was seen.
+    pub label_times: Vec<LabelTime>,
     pub corrections: Vec<CorrectionEntry>,
 }
 
@@ -117,7 +134,6 @@ impl StatsBlock {
             sum_wyy: s.sum_wyy,
             n: s.n,
             landmark_s: s.landmark_s,
-            last_at_s: s.last_at_s,
         }
     }
 
@@ -148,8 +164,7 @@ impl StatsBlock {
         let finite = self.a_upper.iter().chain(&self.b).all(|v| v.is_finite())
             && self.sum_w.is_finite()
             && self.sum_wyy.is_finite()
-            && self.landmark_s.is_finite()
-            && !self.last_at_s.is_nan();
+            && self.landmark_s.is_finite();
         if !finite {
             return Err(bad("non-finite value"));
         }
@@ -165,7 +180,7 @@ impl StatsBlock {
             sum_wyy: self.sum_wyy,
             n: self.n,
             landmark_s: self.landmark_s,
-            last_at_s: self.last_at_s,
+            last_at_s: f64::NEG_INFINITY,
         })
     }
 }
@@ -197,13 +212,25 @@ impl PeerSlot {
         }
         let mut ttft = Vec::new();
         let mut tpot = Vec::new();
+        let last_at = |group: u64, target: u8| {
+            slot.label_times
+                .iter()
+                .find(|l| l.group == group && l.target == target && !l.last_at_s.is_nan())
+                .map_or(f64::NEG_INFINITY, |l| l.last_at_s)
+        };
         for blk in &slot.blocks {
-            match dim_of(blk.target) {
-                Some(_) if blk.target == TARGET_TTFT => {
-                    ttft.push((blk.group, blk.to_stats::<TTFT_DIM>(node)?))
+            match blk.target {
+                TARGET_TTFT => {
+                    let mut st = blk.to_stats::<TTFT_DIM>(node)?;
+                    st.last_at_s = last_at(blk.group, blk.target);
+                    ttft.push((blk.group, st));
                 }
-                Some(_) => tpot.push((blk.group, blk.to_stats::<TPOT_DIM>(node)?)),
-                None => return Err(bad_slot(&format!("unknown target {}", blk.target))),
+                TARGET_TPOT => {
+                    let mut st = blk.to_stats::<TPOT_DIM>(node)?;
+                    st.last_at_s = last_at(blk.group, blk.target);
+                    tpot.push((blk.group, st));
+                }
+                other => return Err(bad_slot(&format!("unknown target {other}"))),
             }
         }
         for list in [

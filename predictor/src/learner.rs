@@ -20,7 +20,8 @@ use crate::features::{
     ttft_features,
 };
 use crate::federation::{
-    CorrectionEntry, FederationSlot, MergeOutcome, PeerSlot, StatsBlock, TARGET_TPOT, TARGET_TTFT,
+    CorrectionEntry, FederationSlot, LabelTime, MergeOutcome, PeerSlot, StatsBlock, TARGET_TPOT,
+    TARGET_TTFT,
 };
 use crate::normal::normal_quantile;
 use crate::observation::{Observation, ReplicaKey};
@@ -519,12 +520,23 @@ impl Learner {
         let mut classes: Vec<_> = self.st.classes.iter().collect();
         classes.sort_unstable_by_key(|(id, _)| **id);
         let mut blocks = Vec::new();
+        let mut label_times = Vec::new();
         for (id, ct) in classes {
             if !ct.ttft.own.is_empty() {
                 blocks.push(StatsBlock::from_stats(*id, TARGET_TTFT, &ct.ttft.own));
+                label_times.push(LabelTime {
+                    group: *id,
+                    target: TARGET_TTFT,
+                    last_at_s: ct.ttft.own.last_at_s,
+                });
             }
             if !ct.tpot.own.is_empty() {
                 blocks.push(StatsBlock::from_stats(*id, TARGET_TPOT, &ct.tpot.own));
+                label_times.push(LabelTime {
+                    group: *id,
+                    target: TARGET_TPOT,
+                    last_at_s: ct.tpot.own.last_at_s,
+                });
             }
         }
         let mut replicas: Vec<_> = self.st.replicas.iter().collect();
@@ -551,6 +563,7 @@ impl Learner {
             exported_at_s: if now_s.is_finite() { now_s } else { 0.0 },
             tau_s: self.k.solve.tau_s,
             blocks,
+            label_times,
             corrections,
         }
     }

@@ -33,6 +33,7 @@ pub mod prediction;
 mod replica;
 pub mod report;
 mod shared;
+mod slot_codec;
 mod snapshot;
 
 pub use config::{ClassPrior, CorrectionMode, DriftConfig, PredictorConfig};
@@ -48,4 +49,5 @@ pub use persist::FORMAT_VERSION;
 pub use prediction::{ModelState, Prediction};
 pub use report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 pub use shared::SharedPredictor;
+pub use slot_codec::{TABLE_DIM, TARGET_CORRECTIONS, TARGET_LABEL_TIMES, TARGET_META};
 pub use snapshot::Snapshot;

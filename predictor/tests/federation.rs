@@ -4,8 +4,8 @@
 mod support;
 
 use headroom_predictor::{
-    FederationError, Learner, MergeOutcome, ModelState, PredictorConfig, ReplicaKey, Sample,
-    StatsBlock, TARGET_TPOT, TARGET_TTFT,
+    FederationError, FederationSlot, Learner, MergeOutcome, ModelState, PredictorConfig,
+    ReplicaKey, Sample, StatsBlock, TARGET_TPOT, TARGET_TTFT,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -247,4 +247,94 @@ fn per_replica_corrections_merge_weighted_by_label_count() {
         "the weighting matters here"
     );
     assert_eq!(merged.peer_labels, rb.labels);
+}
+
+/// The checks a row-validating transport (the gossip crate) applies to every block.
+fn transport_accepts(b: &StatsBlock) -> bool {
+    let d = usize::from(b.dim);
+    b.dim <= 64
+        && b.a_upper.len() == d * (d + 1) / 2
+        && b.b.len() == d
+        && b.a_upper.iter().chain(&b.b).all(|x| x.is_finite())
+        && b.sum_w.is_finite()
+        && b.sum_wyy.is_finite()
+        && b.landmark_s.is_finite()
+}
+
+#[test]
+fn a_slot_travels_losslessly_as_plain_stat_blocks() {
+    // Many replicas, so the correction table spans several rows.
+    let mut rng = ChaCha8Rng::seed_from_u64(36);
+    let mut b = Learner::new(PredictorConfig::default());
+    for i in 0..3000 {
+        let r = rng.random_range(0..600u64) + (1u64 << 40);
+        let eng = Engine::h100();
+        let s = synth::situation(&mut rng, &eng, &Load::moderate());
+        let y = synth::ttft(&mut rng, &eng, &s);
+        b.observe(&Sample {
+            key: ReplicaKey::new(r, u64::MAX - 3),
+            obs: s.obs,
+            at_s: i as f64 * 0.5,
+            ttft_ms: Some(y),
+            tpot_ms: Some(y / 30.0),
+            output_tokens: 10,
+            ..Default::default()
+        });
+    }
+    let slot = b.export_slot("b", 1500.0);
+    let rows = slot.to_blocks();
+    assert!(rows.iter().all(transport_accepts));
+    assert!(rows.len() <= 256, "{} rows", rows.len());
+    eprintln!(
+        "{} corrections and {} stat blocks travel as {} rows",
+        slot.corrections.len(),
+        slot.blocks.len(),
+        rows.len()
+    );
+    let back = FederationSlot::from_blocks("b", &rows).expect("decodes");
+    assert_eq!(back.blocks, slot.blocks);
+    assert_eq!(back.label_times, slot.label_times);
+    assert_eq!(
+        (back.tau_s, back.exported_at_s),
+        (slot.tau_s, slot.exported_at_s)
+    );
+    assert_eq!(back.corrections.len(), slot.corrections.len());
+
+    // Merging the decoded slot predicts exactly like merging the original.
+    let mut via_struct = Learner::new(PredictorConfig::default());
+    let mut via_rows = Learner::new(PredictorConfig::default());
+    via_struct.merge_peer_slot(slot).expect("valid");
+    via_rows.merge_peer_slot(back).expect("valid");
+    let (s1, s2) = (via_struct.snapshot(1500.0), via_rows.snapshot(1500.0));
+    let obs = synth::situation(&mut rng, &Engine::h100(), &Load::moderate()).obs;
+    for r in 0..600u64 {
+        let key = ReplicaKey::new(r + (1u64 << 40), u64::MAX - 3);
+        let (p1, p2) = (s1.predict(key, &obs), s2.predict(key, &obs));
+        assert!(rel(p1.ttft_ms, p2.ttft_ms) < 1e-12 && rel(p1.tpot_ms, p2.tpot_ms) < 1e-12);
+        assert_eq!(p1.state, p2.state);
+    }
+
+    // Damaged rows are refused with an error, never a panic.
+    let mut no_meta = rows.clone();
+    no_meta.retain(|b| b.target != headroom_predictor::TARGET_META);
+    assert!(FederationSlot::from_blocks("b", &no_meta).is_err());
+    let mut bad_kind = rows.clone();
+    bad_kind[0].target = 77;
+    assert!(FederationSlot::from_blocks("b", &bad_kind).is_err());
+    let mut bad_table = rows.clone();
+    if let Some(t) = bad_table
+        .iter_mut()
+        .find(|b| b.target == headroom_predictor::TARGET_CORRECTIONS)
+    {
+        t.a_upper[0] = 0.5; // not an integer id half
+    }
+    assert!(FederationSlot::from_blocks("b", &bad_table).is_err());
+    let mut short = rows;
+    if let Some(t) = short
+        .iter_mut()
+        .find(|b| b.target == headroom_predictor::TARGET_LABEL_TIMES)
+    {
+        t.b.pop();
+    }
+    assert!(FederationSlot::from_blocks("b", &short).is_err());
 }
