@@ -88,10 +88,11 @@ pub fn push_chunk(
         "model": meta.model, "choices": [choice],
     });
     if meta.continuous_usage {
-        v["usage"] = usage_json(Usage {
-            prompt_tokens: meta.prompt_tokens,
-            completion_tokens,
-            cached_tokens: 0,
+        // Running totals; cached tokens are only known (and reported) at the end.
+        v["usage"] = json!({
+            "prompt_tokens": meta.prompt_tokens,
+            "total_tokens": meta.prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
         });
     } else if meta.include_usage {
         v["usage"] = Value::Null;
