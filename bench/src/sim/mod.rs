@@ -3,9 +3,10 @@
 
 pub mod config;
 pub mod node;
+pub mod oracle;
 pub mod queue;
 pub mod result;
 pub mod run;
 
 pub use config::{SimConfig, parse_fleet};
-pub use run::{SimError, Simulator, simulate};
+pub use run::{ALL_POLICIES, SimError, Simulator, simulate};

@@ -13,7 +13,10 @@ use headroom::{
     decide::{self, Learn, RouteInputs, Verdict},
     fleet::{EngineKind, PeerLoad, Scraped},
     ledger::{Booking, Load},
-    policy::{self, PolicyName, RequestProfile, Slo, candidates::CandidateParams},
+    policy::{
+        self, PolicyName, RequestProfile, Slo, candidates::CandidateParams, features,
+        peers::PeerPolicy,
+    },
     prefix::PrefixIndex,
     tokens,
 };
@@ -23,6 +26,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{
     config::SimConfig,
+    oracle,
     node::{SimNode, replica_view},
     queue::EventQueue,
     result::{LoadSample, ReplicaInfo, RequestRecord, RunResult},
@@ -113,13 +117,34 @@ pub struct Simulator<'w> {
     end_s: f64,
 }
 
+/// Every policy the simulator can run, in report order.
+pub const ALL_POLICIES: [&str; 10] = [
+    "round-robin",
+    "least-request",
+    "token-load",
+    "prefix-affinity",
+    "llmd-weighted",
+    "sglang-cache-aware",
+    "dynamo-kv",
+    "llmd-predicted",
+    "slo",
+    "oracle",
+];
+
 fn build_policy(
     name: &str,
     predictor: Arc<SharedPredictor>,
     cfg: &SimConfig,
 ) -> Result<Box<dyn policy::Policy>, SimError> {
-    let p = PolicyName::from_str(name).map_err(|_| SimError::Policy(name.to_string()))?;
-    Ok(policy::build(p, predictor, cfg.slo.clone()))
+    if name == "oracle" {
+        // The oracle decides in `Simulator::oracle_decide`; this object is never asked.
+        return Ok(policy::build(PolicyName::TokenLoad, predictor, cfg.slo.clone()));
+    }
+    if let Ok(p) = PolicyName::from_str(name) {
+        return Ok(policy::build(p, predictor, cfg.slo.clone()));
+    }
+    let peer = PeerPolicy::from_str(name).map_err(|_| SimError::Policy(name.to_string()))?;
+    Ok(peer.build(predictor))
 }
 
 impl<'w> Simulator<'w> {
@@ -350,6 +375,9 @@ impl<'w> Simulator<'w> {
 
     /// Routes request `i` at `t` with its node's policy (the binary's decision code).
     fn decide(&mut self, i: usize, t: f64) {
+        if self.cfg.policy == "oracle" {
+            return self.oracle_decide(i, t);
+        }
         let Some(prep) = self.prepared[i].as_ref() else {
             return;
         };
@@ -407,6 +435,46 @@ impl<'w> Simulator<'w> {
             fallback,
             t,
         );
+    }
+
+    /// The oracle's decision: fork every candidate's engine (see `oracle`).
+    fn oracle_decide(&mut self, i: usize, t: f64) {
+        let Some(prep) = self.prepared[i].as_ref() else { return };
+        let node_ix = prep.node;
+        let node = &self.nodes[node_ix];
+        let params = CandidateParams { block_tokens: self.cfg.block_tokens, stale_after_s: 2.0 };
+        let started = Instant::now();
+        let cands = match policy::build_candidates(&prep.profile, &node.views, &node.prefix, params, t) {
+            Ok(c) => c,
+            Err(e) => {
+                let why = e.to_string();
+                self.reject(i, node_ix as u32, t, &why);
+                return;
+            }
+        };
+        let w = &self.wl.requests[i];
+        let forecasts: Vec<Option<(f64, f64)>> = cands
+            .iter()
+            .map(|c| {
+                let req = EngineRequest {
+                    id: u64::MAX - 1,
+                    prompt_tokens: w.input_tokens,
+                    block_hashes: prep.engine_hashes.clone(),
+                    max_output_tokens: prep.max_tokens,
+                    eos_after: Some(w.output_tokens.max(1)),
+                };
+                oracle::forecast(&self.replicas[c.replica.id as usize].engine, req, t)
+            })
+            .collect();
+        let order = oracle::choose(&forecasts, prep.profile.slo.ttft_ms / 1e3, prep.profile.slo.tpot_ms / 1e3);
+        self.decision_ns.push(started.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+        let c = &cands[order[0]];
+        let key = features::key(c);
+        let obs = features::observation(&prep.profile, c);
+        let learn = Learn { key, obs, prediction: node.predictor.load().predict(key, &obs) };
+        let (r, cached) = (c.replica.id as usize, c.cached_tokens);
+        drop(cands);
+        self.place(i, node_ix, r, cached, learn, None, t);
     }
 
     #[allow(clippy::too_many_arguments)]

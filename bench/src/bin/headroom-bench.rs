@@ -1,0 +1,176 @@
+//! `headroom-bench`: the fleet simulator, live runs and reports.
+
+use std::{collections::BTreeMap, path::PathBuf, sync::Mutex};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use headroom_bench::{
+    report::{CapacitySearch, PolicyReport, Report, write_report},
+    sim::{ALL_POLICIES, SimConfig, parse_fleet, simulate},
+    workload::{SloRule, Workload},
+};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "headroom-bench", version, about = "Headroom's fleet simulator, live runs and reports")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Simulate policies on a fleet in virtual time and write a report.
+    Sim(SimArgs),
+}
+
+#[derive(Args)]
+struct SimArgs {
+    /// Workload: a JSONL/CSV trace, or a generator spec (`poisson:…`, `incident:…`).
+    #[arg(long)]
+    workload: String,
+    /// Fleet: `profile:count,…` (default: 6×h100, 6×a100, 4×l4 Llama-3-8B).
+    #[arg(long, default_value = headroom_bench::sim::config::DEFAULT_FLEET)]
+    fleet: String,
+    /// Router nodes.
+    #[arg(long, default_value_t = 1)]
+    routers: u32,
+    /// Policies, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    policies: String,
+    /// Objectives for requests without them: a preset (`mooncake`, `azure-conv`,
+    /// `azure-code`, `generic`) or a rule (see `SloRule::parse`). Default: by trace name.
+    #[arg(long)]
+    slo: Option<String>,
+    /// Arrival-rate multiplier of the main run.
+    #[arg(long, default_value_t = 1.0)]
+    rate_scale: f64,
+    /// Also find each policy's SLO capacity (highest rate with ≥ 90% attainment).
+    #[arg(long)]
+    capacity: bool,
+    /// Use only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Share in-flight placements between router nodes (the mesh).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    mesh: bool,
+    /// Gossip delay between nodes (ms).
+    #[arg(long, default_value_t = 10.0)]
+    gossip_delay_ms: f64,
+    /// Metric scrape interval (ms).
+    #[arg(long, default_value_t = 100.0)]
+    scrape_ms: f64,
+    /// Lognormal step-time noise of the engines.
+    #[arg(long, default_value_t = 0.0)]
+    step_noise: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Parallel simulations (default: available cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn policies(spec: &str) -> Vec<String> {
+    if spec == "all" {
+        ALL_POLICIES.iter().map(|s| s.to_string()).collect()
+    } else {
+        spec.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+    }
+}
+
+fn sim(a: SimArgs) -> anyhow::Result<()> {
+    let mut wl = Workload::from_spec(&a.workload).with_context(|| format!("workload {}", a.workload))?;
+    if let Some(n) = a.limit {
+        wl.requests.truncate(n);
+    }
+    let rule = match &a.slo {
+        Some(s) => SloRule::parse(s)?,
+        None => SloRule::for_trace(&wl.name),
+    };
+    let wl = wl.with_slo(&rule);
+    let fleet = parse_fleet(&a.fleet).map_err(anyhow::Error::msg)?;
+    let names = policies(&a.policies);
+    let base = SimConfig {
+        fleet,
+        routers: a.routers,
+        mesh: a.mesh,
+        gossip_delay_s: a.gossip_delay_ms / 1e3,
+        scrape_interval_s: a.scrape_ms / 1e3,
+        step_noise: a.step_noise,
+        seed: a.seed,
+        rate_scale: a.rate_scale,
+        ..SimConfig::default()
+    };
+    let search = CapacitySearch::default();
+    let per_policy = 1 + if a.capacity { search.max_runs + search.verify.len() } else { 0 };
+    let bar = ProgressBar::new((names.len() * per_policy) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}")
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
+    let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let queue = Mutex::new(names.iter().cloned().enumerate().collect::<Vec<_>>());
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(names.len()) {
+            s.spawn(|| loop {
+                let Some((ix, name)) = queue.lock().ok().and_then(|mut q| q.pop()) else { return };
+                let cfg = SimConfig { policy: name.clone(), ..base.clone() };
+                let out = (|| -> anyhow::Result<PolicyReport> {
+                    let run = simulate(&wl, cfg.clone())?;
+                    bar.inc(1);
+                    let capacity = if a.capacity {
+                        let c = search.try_search_with(
+                            |scale| simulate(&wl, SimConfig { rate_scale: scale, ..cfg.clone() }),
+                            |p, _, _| {
+                                bar.inc(1);
+                                bar.set_message(format!("{name} @ {:.2}: {:.3}", p.rate_scale, p.attainment));
+                            },
+                        )?;
+                        Some(c)
+                    } else {
+                        None
+                    };
+                    Ok(PolicyReport::new(run, capacity))
+                })();
+                if let Ok(mut r) = results.lock() {
+                    r.push((ix, out));
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let mut results = results.into_inner().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    results.sort_by_key(|(ix, _)| *ix);
+    let mut settings = BTreeMap::new();
+    settings.insert("workload".into(), a.workload.clone());
+    settings.insert("requests".into(), wl.requests.len().to_string());
+    settings.insert("fleet".into(), a.fleet.clone());
+    settings.insert("routers".into(), a.routers.to_string());
+    settings.insert("mesh".into(), a.mesh.to_string());
+    settings.insert("gossip_delay_ms".into(), a.gossip_delay_ms.to_string());
+    settings.insert("scrape_ms".into(), a.scrape_ms.to_string());
+    settings.insert("rate_scale".into(), a.rate_scale.to_string());
+    settings.insert("seed".into(), a.seed.to_string());
+    settings.insert("slo".into(), a.slo.clone().unwrap_or_else(|| format!("by trace ({})", wl.name)));
+    let mut report = Report { title: format!("Headroom simulation: {}", wl.name), settings, policies: Vec::new() };
+    for (_, r) in results {
+        report.policies.push(r?);
+    }
+    let files = write_report(&a.out, &report)?;
+    println!("{}", std::fs::read_to_string(&files.markdown).unwrap_or_default());
+    eprintln!("wrote {}", files.markdown.display());
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Sim(a) => sim(a),
+    }
+}
