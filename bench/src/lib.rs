@@ -1,6 +1,7 @@
 //! Engine model, replica emulator, fleet simulator and workloads.
 
 pub mod engine;
+pub mod live;
 pub mod replica;
 pub mod report;
 pub mod sim;
