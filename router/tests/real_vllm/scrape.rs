@@ -1,0 +1,237 @@
+//! Test 2: the router's scraped view of each server (`/debug/replicas`) equals what
+//! that server's own `/metrics` says: gauges under load, counters and the cache
+//! config when quiet. Also: dropping client streams makes the servers abort them.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use serde_json::Value;
+
+use super::{
+    harness::{BLOCK_SIZE, EngineView, Env, GPU_BLOCKS, RouterProc, engine, post, stream},
+    prompts,
+    requests::{body, streaming},
+};
+
+/// Long requests per server: 2,000-token prompts in an 8,192-token KV cache. Four are
+/// admitted, one is soon preempted as they grow, then three run and three wait for
+/// seconds (1,500-token outputs), which gives steady gauges to compare.
+const PER_SERVER: usize = 6;
+
+async fn engines(env: &Env) -> Vec<EngineView> {
+    join_all(env.urls.iter().map(|u| engine(u))).await
+}
+
+fn entry(view: &[Value], i: usize) -> &Value {
+    view.iter()
+        .find(|v| v["name"] == format!("vllm-{i}"))
+        .unwrap_or_else(|| panic!("vllm-{i} missing from /debug/replicas"))
+}
+
+fn between(x: f64, a: f64, b: f64) -> bool {
+    x >= a.min(b) && x <= a.max(b)
+}
+
+/// How the router's view compared with the server's reads `a` (≥ `GAP` before), `b`
+/// (just before) and `c` (just after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compared {
+    /// The server held still from `a` to `c` (same requests running and waiting, no
+    /// preemption, so KV usage only grew): gauges compared exactly, KV within [a, c].
+    Exact,
+    /// The server's state moved (admissions, preemptions, completions): gauges are not
+    /// monotonic then, so only the counters were compared.
+    Moved,
+    /// The router's scrape may predate `a` (a slow scrape of a busy server).
+    TooOld,
+}
+
+/// Time between the first server read and the router read.
+const GAP: Duration = Duration::from_millis(500);
+
+fn compare_loaded(i: usize, e: &Value, a: &EngineView, b: &EngineView, c: &EngineView) -> Compared {
+    let s = &e["scraped"];
+    let got = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
+    let age = e["scraped_age_s"].as_f64().unwrap_or(f64::INFINITY);
+    assert!(age < 5.0, "vllm-{i}: scrape {age:.2} s old");
+    if age > GAP.as_secs_f64() * 0.8 {
+        return Compared::TooOld;
+    }
+    // Counters only grow: the router read them between `a` and `c`.
+    for (k, lo, hi) in [
+        ("prefix_queries", a.prefix_queries, c.prefix_queries),
+        ("prefix_hits", a.prefix_hits, c.prefix_hits),
+        ("preemptions", a.preemptions, c.preemptions),
+    ] {
+        assert!(
+            between(got(k), lo, hi),
+            "vllm-{i} {k}: router {} not in server's [{lo}, {hi}]",
+            got(k)
+        );
+    }
+    let still = [b, c].iter().all(|x| {
+        x.running == a.running && x.waiting == a.waiting && x.preemptions == a.preemptions
+    }) && a.kv_usage <= b.kv_usage
+        && b.kv_usage <= c.kv_usage;
+    if !still {
+        return Compared::Moved;
+    }
+    assert_eq!(got("running"), c.running, "vllm-{i} running");
+    assert_eq!(got("waiting"), c.waiting, "vllm-{i} waiting");
+    assert!(
+        between(got("kv_usage"), a.kv_usage, c.kv_usage),
+        "vllm-{i} kv_usage: router {} vs server {} .. {}",
+        got("kv_usage"),
+        a.kv_usage,
+        c.kv_usage
+    );
+    Compared::Exact
+}
+
+pub async fn run(env: &Env) {
+    let r = RouterProc::start(env, "round-robin", "").await;
+    let n_srv = env.urls.len();
+    // A prefix hit on each server, so the hit counters are not trivially zero.
+    for (i, u) in env.urls.iter().enumerate() {
+        let b = body(false, &prompts::text("t2-hit", 100 + i as u64, 300), 2);
+        for _ in 0..2 {
+            assert_eq!(
+                post(&format!("{u}/v1/completions"), &b, &[]).await.status,
+                200
+            );
+        }
+    }
+    // Round-robin splits the load evenly.
+    let mut tasks = Vec::new();
+    for k in 0..PER_SERVER * n_srv {
+        let url = r.url("/v1/completions");
+        let b = streaming(
+            body(false, &prompts::text("t2-load", 200 + k as u64, 2000), 1500),
+            false,
+        );
+        tasks.push(tokio::spawn(async move { stream(&url, &b, &[]).await }));
+    }
+    let t0 = Instant::now();
+    loop {
+        let views = engines(env).await;
+        if views
+            .iter()
+            .all(|v| v.running + v.waiting >= PER_SERVER as f64)
+        {
+            break;
+        }
+        if let Some(i) = tasks.iter().position(|t| t.is_finished()) {
+            let s = tasks.remove(i).await.expect("load task");
+            panic!("a load request ended early: {s:?}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "load never arrived: {views:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut counts = vec![[0u32; 3]; n_srv];
+    let mut peak = vec![(0.0f64, 0.0f64, 0.0f64); n_srv];
+    for _ in 0..16 {
+        let a = engines(env).await;
+        tokio::time::sleep(GAP).await;
+        let b = engines(env).await;
+        let view = r.debug_replicas().await;
+        let c = engines(env).await;
+        for i in 0..n_srv {
+            let e = entry(&view, i);
+            counts[i][compare_loaded(i, e, &a[i], &b[i], &c[i]) as usize] += 1;
+            let s = &e["scraped"];
+            let g = |k: &str| s[k].as_f64().unwrap_or(0.0);
+            peak[i] = (
+                peak[i].0.max(g("running")),
+                peak[i].1.max(g("waiting")),
+                peak[i].2.max(g("kv_usage")),
+            );
+        }
+        if counts.iter().all(|c| c[Compared::Exact as usize] >= 3) {
+            break;
+        }
+    }
+    println!(
+        "under load, per server [exact, moved (counters only), scrape too old]: {counts:?}; peak (running, waiting, kv) seen by the router {peak:?}"
+    );
+    for i in 0..n_srv {
+        assert!(
+            counts[i][0] >= 1,
+            "vllm-{i}: never held still long enough to compare exactly: {counts:?}"
+        );
+        let (run, wait, kv) = peak[i];
+        assert!(
+            run >= 1.0 && wait >= 1.0 && kv > 0.5,
+            "vllm-{i}: load not visible to the router: {:?}",
+            peak[i]
+        );
+    }
+    // Drop the client streams: the router closes upstream and vLLM aborts them.
+    let mut finished = 0;
+    for t in &tasks {
+        if t.is_finished() {
+            finished += 1;
+        }
+        t.abort();
+    }
+    for t in tasks {
+        // A request that finished on its own must have finished well.
+        if let Ok(s) = t.await {
+            assert!(s.ok(), "a load request failed: {s:?}");
+        }
+    }
+    let t0 = Instant::now();
+    loop {
+        let (m1, view, m2) = {
+            let m1 = engines(env).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let v = r.debug_replicas().await;
+            (m1, v, engines(env).await)
+        };
+        let idle = m2.iter().all(|m| m.running == 0.0 && m.waiting == 0.0);
+        if m1 != m2 || !idle {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "servers still busy 15 s after every client left (cancellation not passed on?): {m2:?}"
+            );
+            continue;
+        }
+        println!(
+            "servers idle {:.1} s after the clients dropped {} streams ({finished} had finished)",
+            t0.elapsed().as_secs_f64(),
+            PER_SERVER * n_srv - finished
+        );
+        for (i, m) in m2.iter().enumerate() {
+            let s = &entry(&view, i)["scraped"];
+            assert_eq!(s["engine"], "vllm");
+            assert_eq!(
+                (m.block_size, m.num_gpu_blocks),
+                (BLOCK_SIZE, GPU_BLOCKS),
+                "vllm-{i} cache config"
+            );
+            assert_eq!(s["block_size"], m.block_size, "vllm-{i} block size");
+            assert_eq!(s["num_gpu_blocks"], m.num_gpu_blocks, "vllm-{i} blocks");
+            for (k, v) in [
+                ("running", m.running),
+                ("waiting", m.waiting),
+                ("kv_usage", m.kv_usage),
+                ("prefix_queries", m.prefix_queries),
+                ("prefix_hits", m.prefix_hits),
+                ("preemptions", m.preemptions),
+            ] {
+                assert_eq!(s[k].as_f64(), Some(v), "vllm-{i} {k} when quiet");
+            }
+            assert!(
+                m.prefix_hits > 0.0 && m.prefix_queries > m.prefix_hits,
+                "vllm-{i}: {m:?}"
+            );
+            println!(
+                "quiet vllm-{i}: router == server: queries {} hits {} preemptions {} cache {}x{}",
+                m.prefix_queries, m.prefix_hits, m.preemptions, m.num_gpu_blocks, m.block_size
+            );
+        }
+        break;
+    }
+}

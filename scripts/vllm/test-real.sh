@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The router's integration suite against REAL vLLM (CPU build, tiny local model).
+#
+# Prepares the cached venv and model (installs on a fresh machine, ~1 s after), starts
+# two vLLM servers while the test binary builds, runs router/tests/real_vllm.rs
+# against them one test at a time, and always stops the servers.
+#
+# Usage: scripts/vllm/test-real.sh [extra libtest args, e.g. a test name filter]
+# Env:   HEADROOM_CACHE, HEADROOM_VLLM_TIMEOUT (see start.sh), CARGO_TARGET_DIR,
+#        HEADROOM_REAL_VLLM_KEEP=1 keeps the run dir (server logs) after a pass.
+# Exports to the tests: HEADROOM_REAL_VLLM=1, HEADROOM_VLLM_URLS (comma-separated),
+#        HEADROOM_VLLM_RUN_DIR (start.sh run dir: pid and port files, logs),
+#        HEADROOM_VLLM_TOKENIZER (the tokenizer.json the servers use).
+# Exit status: the tests' (1 also when preparation or startup fails).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+T0=$(date +%s)
+log() { printf '[test-real %s +%ss] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - T0))" "$*" >&2; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/headroom-real-vllm.XXXXXX")"
+SERVERS="$WORK/servers"
+start_pid=""
+status=1
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ -n "$start_pid" ]] && kill -0 "$start_pid" 2>/dev/null; then
+        # start.sh stops what it started when it is interrupted.
+        kill -TERM "$start_pid" 2>/dev/null || true
+        wait "$start_pid" 2>/dev/null || true
+    fi
+    if [[ -f "$SERVERS/run-id" ]]; then
+        log "stopping the servers"
+        "$HERE/stop.sh" "$SERVERS" || log "WARNING: stop.sh failed; see $SERVERS"
+    fi
+    if ((rc == 0)) && [[ "${HEADROOM_REAL_VLLM_KEEP:-}" != 1 ]]; then
+        rm -rf "$WORK"
+    else
+        log "server logs kept in $SERVERS"
+    fi
+    log "done (exit $rc)"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "preparing the vLLM venv and the tiny model (cached after the first run)"
+MODEL_DIR="$("$HERE/prepare.sh" | tail -n 1)"
+[[ -f "$MODEL_DIR/tokenizer.json" ]] || { log "ERROR: no tokenizer.json in '$MODEL_DIR'"; exit 1; }
+log "model: $MODEL_DIR"
+
+# Servers take 1-3 minutes to start; build the tests meanwhile.
+log "starting 2 vLLM servers (log: $WORK/start.log)"
+HEADROOM_VLLM_RUN_DIR="$SERVERS" "$HERE/start.sh" 2 >"$WORK/start.out" 2>"$WORK/start.log" &
+start_pid=$!
+
+log "building the test binary"
+(cd "$ROOT" && cargo test -p headroom --test real_vllm --no-run)
+
+log "waiting for the servers"
+if ! wait "$start_pid"; then
+    start_pid=""
+    log "ERROR: the servers did not start"
+    cat "$WORK/start.log" >&2
+    exit 1
+fi
+start_pid=""
+log "servers: $(paste -sd' ' "$SERVERS/servers.txt")"
+
+export HEADROOM_REAL_VLLM=1
+HEADROOM_VLLM_URLS="$(paste -sd, "$SERVERS/servers.txt")"
+export HEADROOM_VLLM_URLS
+export HEADROOM_VLLM_RUN_DIR="$SERVERS"
+export HEADROOM_VLLM_TOKENIZER="$MODEL_DIR/tokenizer.json"
+
+log "running router/tests/real_vllm.rs"
+set +e
+(cd "$ROOT" && cargo test -p headroom --test real_vllm -- --test-threads=1 --nocapture "$@")
+status=$?
+set -e
+log "tests finished with status $status"
+exit "$status"
