@@ -80,8 +80,11 @@ pub struct MeshConfig {
     pub event_buffer: usize,
     /// Queue length of messages waiting for one peer.
     pub send_queue: usize,
-    /// Dial / stream write timeout; also the back-off after a failed dial.
+    /// Dial / stream write timeout (a quarter of it is the back-off after a failed dial).
     pub connect_timeout: Duration,
+    /// RTT assumed during the QUIC handshake (quinn's default is 333 ms; a lost handshake
+    /// packet is resent after about 3× this).
+    pub handshake_rtt: Duration,
     /// QUIC idle timeout and keep-alive interval.
     pub idle_timeout: Duration,
     pub keep_alive: Duration,
@@ -127,8 +130,9 @@ impl MeshConfig {
             },
             dns_refresh_interval: Duration::from_secs(15),
             event_buffer: 4096,
-            send_queue: 64,
-            connect_timeout: Duration::from_secs(2),
+            send_queue: 16,
+            connect_timeout: Duration::from_secs(5),
+            handshake_rtt: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
             fault: None,
@@ -175,6 +179,7 @@ impl MeshConfig {
             ("cross_region.value_ttl", self.cross_region.value_ttl),
             ("dns_refresh_interval", self.dns_refresh_interval),
             ("connect_timeout", self.connect_timeout),
+            ("handshake_rtt", self.handshake_rtt),
         ] {
             if d.is_zero() {
                 return bad(format!("{what} must be positive"));

@@ -83,7 +83,7 @@ impl Mesh {
     /// Binds the QUIC endpoint and joins the region's cluster (and the cross-region one).
     pub async fn start(cfg: MeshConfig) -> Result<Mesh, MeshError> {
         cfg.validate()?;
-        let qt = transport_config(cfg.idle_timeout, cfg.keep_alive);
+        let qt = transport_config(cfg.idle_timeout, cfg.keep_alive, cfg.handshake_rtt);
         let server = cfg.tls.server_config(qt.clone())?;
         let client = cfg.tls.client_config(qt)?;
         let mut endpoint =
@@ -118,6 +118,8 @@ impl Mesh {
             tracker.clone(),
             TransportSettings {
                 connect_timeout: cfg.connect_timeout,
+                retry_after: cfg.connect_timeout / 4,
+                stale_after: cfg.gossip_interval * 5,
                 send_queue: cfg.send_queue,
                 inbound_queue: 1024,
                 max_value_bytes: cfg.max_value_bytes,

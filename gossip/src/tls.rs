@@ -336,8 +336,11 @@ impl ServerCertVerifier for MeshServerVerifier {
 pub(crate) fn transport_config(
     idle: Duration,
     keep_alive: Duration,
+    initial_rtt: Duration,
 ) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
+    // RTT assumed before the first sample: sets the handshake's retransmission timer.
+    t.initial_rtt(initial_rtt);
     // Gossip talks to a given peer only every few rounds: keep the connection warm.
     t.keep_alive_interval(Some(keep_alive));
     if let Ok(idle) = quinn::IdleTimeout::try_from(idle) {

@@ -47,11 +47,19 @@ pub(crate) enum Outgoing {
     Datagram(Bytes),
 }
 
+/// A queued message and when it was queued (stale ones are dropped, not sent late).
+struct Queued(Outgoing, Instant);
+
 /// Address → node id of live members, one map per cluster, refreshed by the observers.
 pub(crate) type KnownPeers = ArcSwap<HashMap<SocketAddr, Arc<str>>>;
 
 pub(crate) struct TransportSettings {
     pub connect_timeout: Duration,
+    /// Back-off after a failed dial.
+    pub retry_after: Duration,
+    /// Messages queued longer than this are dropped: the next gossip round carries
+    /// fresher state than a late one would.
+    pub stale_after: Duration,
     pub send_queue: usize,
     pub inbound_queue: usize,
     pub max_value_bytes: usize,
@@ -68,7 +76,7 @@ pub(crate) struct Transport {
     pub tracker: TaskTracker,
     settings: TransportSettings,
     inbound: [mpsc::Sender<(SocketAddr, ChitchatMessage)>; 2],
-    links: Mutex<HashMap<SocketAddr, mpsc::Sender<Outgoing>>>,
+    links: Mutex<HashMap<SocketAddr, mpsc::Sender<Queued>>>,
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
     live_conns: Mutex<HashMap<usize, quinn::Connection>>,
     backoff: Mutex<HashMap<SocketAddr, Instant>>,
@@ -137,7 +145,7 @@ impl Transport {
             return;
         }
         let mut links = self.links.lock();
-        let mut msg = msg;
+        let mut msg = Queued(msg, Instant::now());
         for _ in 0..2 {
             let tx = links
                 .entry(to)
@@ -159,8 +167,8 @@ impl Transport {
         Counters::add(&self.counters.dropped_messages, 1);
     }
 
-    fn spawn_link(self: &Arc<Self>, to: SocketAddr) -> mpsc::Sender<Outgoing> {
-        let (tx, mut rx) = mpsc::channel::<Outgoing>(self.settings.send_queue);
+    fn spawn_link(self: &Arc<Self>, to: SocketAddr) -> mpsc::Sender<Queued> {
+        let (tx, mut rx) = mpsc::channel::<Queued>(self.settings.send_queue);
         let t = self.clone();
         self.tracker.spawn(async move {
             loop {
@@ -169,7 +177,11 @@ impl Transport {
                     n = tokio::time::timeout(LINK_IDLE, rx.recv()) => n,
                 };
                 let msg = match next {
-                    Ok(Some(m)) => m,
+                    Ok(Some(Queued(m, at))) if at.elapsed() <= t.settings.stale_after => m,
+                    Ok(Some(_)) => {
+                        Counters::add(&t.counters.dropped_messages, 1);
+                        continue;
+                    }
                     Ok(None) | Err(_) => break,
                 };
                 t.deliver(to, msg).await;
@@ -293,7 +305,7 @@ impl Transport {
         Counters::add(&self.counters.connect_failures, 1);
         self.backoff
             .lock()
-            .insert(to, Instant::now() + self.settings.connect_timeout);
+            .insert(to, Instant::now() + self.settings.retry_after);
         None
     }
 
