@@ -115,3 +115,29 @@ fn identity_must_match_node_id_and_chain_to_the_ca() {
     TlsIdentity::load(dir.path(), "n2").unwrap();
     assert!(headroom_gossip::write_dev_certs(dir.path(), &["Bad_Id"]).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_claiming_another_members_address_is_rejected() {
+    let dir = certs(&["a", "b", "c"]);
+    let nodes = start_region(dir.path(), &["a", "b"], "r1", None).await;
+    eventually("a and b meet", || async {
+        live_peers(&nodes[1]).await == vec!["a".to_string()]
+    })
+    .await;
+    // c holds a valid certificate, but advertises a's address to hijack a's replies.
+    let mut cc = config(dir.path(), "c", "r1", &[nodes[1].addr()], None);
+    cc.advertise_addr = Some(nodes[0].addr());
+    let c = Mesh::start(cc).await.unwrap();
+    eventually("b refuses c's frames", || async {
+        nodes[1].stats().rejected_peers >= 1
+    })
+    .await;
+    tokio::time::sleep(INTERVAL * 10).await;
+    assert_eq!(
+        live_peers(&nodes[1]).await,
+        vec!["a".to_string()],
+        "b must still see a, and not c"
+    );
+    c.shutdown().await;
+    shutdown_all(nodes).await;
+}

@@ -131,4 +131,37 @@ mod tests {
         assert!(parse(&[1, 0, 0]).is_none());
         assert!(parse(&[9; 40]).is_none());
     }
+
+    /// Guards the layout `digest_ids` relies on: a Syn built by hand in that layout must
+    /// be accepted by chitchat's own decoder, and yield the digest's ids.
+    #[test]
+    fn digest_layout_matches_chitchat_0_11() {
+        use chitchat::{ChitchatMessage, Serializable};
+        let id = ChitchatId::new("n1", 7, "127.0.0.1:9000".parse().unwrap());
+        let other = ChitchatId::new("n2", 1, "[::1]:9001".parse().unwrap());
+        let mut p = Vec::new();
+        p.extend_from_slice(&45_139u16.to_le_bytes()); // chitchat's magic
+        p.push(0); // protocol version
+        p.push(0); // Syn
+        2u16.serialize(&mut p);
+        for i in [&id, &other] {
+            i.serialize(&mut p);
+            for v in [5u64, 0, 3] {
+                v.serialize(&mut p);
+            }
+        }
+        "cluster/r1".to_string().serialize(&mut p);
+        let msg = ChitchatMessage::deserialize(&mut &p[..]).unwrap();
+        assert!(
+            matches!(msg, ChitchatMessage::Syn { ref cluster_id, .. } if cluster_id == "cluster/r1")
+        );
+        let mut ids = digest_ids(&p).unwrap();
+        ids.sort();
+        assert_eq!(ids, vec![id, other]);
+        // Acks (type 2) carry no digest; truncated digests are refused.
+        let mut ack = p.clone();
+        ack[3] = 2;
+        assert!(digest_ids(&ack).is_none());
+        assert!(digest_ids(&p[..20]).is_none());
+    }
 }
