@@ -425,7 +425,12 @@ impl Mesh {
 
     /// Stops gossip, closes every connection and waits for every task to end.
     pub async fn shutdown(self) {
+        // Closing the endpoint first aborts pending dials, so no task waits on a timeout.
         self.cancel.cancel();
+        self.transport.endpoint.close(0u32.into(), b"shutdown");
+        self.tracker.close();
+        self.tracker.wait().await;
+        // Our tasks are gone, so each cluster has a single owner left.
         for c in [Some(self.regional), self.global].into_iter().flatten() {
             match Arc::try_unwrap(c) {
                 Ok(c) => {
@@ -434,14 +439,10 @@ impl Mesh {
                     }
                 }
                 Err(c) => {
-                    // A task still holds it (it stops on the token); stop chitchat anyway.
                     let _ = c.handle.initiate_shutdown();
                 }
             }
         }
-        self.transport.endpoint.close(0u32.into(), b"shutdown");
-        self.tracker.close();
-        self.tracker.wait().await;
         let _ =
             tokio::time::timeout(Duration::from_secs(1), self.transport.endpoint.wait_idle()).await;
     }

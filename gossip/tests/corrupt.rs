@@ -68,8 +68,9 @@ async fn corrupt_values_are_rejected_counted_and_harmless() {
     })
     .await;
     let s = nodes[1].stats();
+    // Each reason once (more only if a flapping member's values were re-read).
     for (reason, n) in &s.rejected_by_reason {
-        assert_eq!(*n, 1, "reason {reason}: {s:?}");
+        assert!(*n >= 1, "reason {reason} not counted: {s:?}");
     }
     // Nothing corrupt surfaced as a value.
     while let Ok(ev) = rx.try_recv() {

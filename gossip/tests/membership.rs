@@ -161,3 +161,28 @@ fn summary_info() -> WireValue {
         version: "0.1.0".into(),
     })
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_every_task() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let dir = certs(&["a", "b", "c"]);
+    let nodes = start_region(dir.path(), &["a", "b", "c"], "r1", None).await;
+    for n in &nodes {
+        eventually("full membership", || async {
+            live_peers(n).await.len() == 2
+        })
+        .await;
+    }
+    let _rx = nodes[0].subscribe();
+    nodes[0].broadcast_datagram(&inflight(1, 1)).unwrap();
+    assert!(
+        metrics.num_alive_tasks() > 10,
+        "the mesh runs background tasks"
+    );
+    shutdown_all(nodes).await;
+    // quinn's endpoint drivers wind down once the last handle is gone.
+    eventually("no task left on the runtime", || async {
+        metrics.num_alive_tasks() == 0
+    })
+    .await;
+}
