@@ -122,10 +122,16 @@ async fn t0_known_issue_shared_prefix_burst_piles_up() {
         return;
     };
     bounded(Duration::from_secs(150), async {
+        let mut splits = Vec::new();
         for policy in ["prefix-affinity", "slo"] {
             let r = affinity::router(&env, policy).await;
-            let per =
-                affinity::burst(&r, &format!("t0-burst-{policy}"), affinity::headers(policy)).await;
+            let tag = format!("t0-burst-{policy}");
+            splits.push((
+                policy,
+                affinity::burst(&r, &tag, affinity::headers(policy)).await,
+            ));
+        }
+        for (policy, per) in splits {
             assert_eq!(
                 per.len(),
                 env.urls.len(),

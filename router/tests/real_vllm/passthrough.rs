@@ -66,7 +66,7 @@ async fn check_stream(env: &Env, r: &RouterProc, chat: bool, usage: bool) {
         let (via, direct, name) = stream_pair(env, r, chat, usage).await;
         let spread = via.last_content_s.unwrap_or(0.0) - via.first_content_s.unwrap_or(0.0);
         attempt += 1;
-        if spread >= MIN_SPREAD_S || attempt == 5 {
+        if spread >= MIN_SPREAD_S || attempt == 10 {
             break (before, via, direct, name);
         }
         println!(
