@@ -68,23 +68,34 @@ impl PrefixIndex {
     }
 
     /// For each cursor, how many leading blocks of `blocks` that replica likely holds.
-    /// `out[i]` is written for `cursors[i]`.
+    /// `out[i]` is written for `cursors[i]`. Cost: O(matched blocks × holders per
+    /// block), independent of how many candidates there are beyond that.
     pub fn match_lengths(&self, blocks: &[u64], cursors: &[Cursor], out: &mut [u32]) {
         out.iter_mut().for_each(|o| *o = 0);
-        let mut alive: Vec<usize> = (0..cursors.len()).collect();
+        if cursors.is_empty() {
+            return;
+        }
+        // Replica id → candidate slot, for O(1) lookups while walking holders.
+        let max_id = cursors.iter().map(|c| c.replica).max().unwrap_or(0) as usize;
+        let mut slot = vec![u32::MAX; max_id + 1];
+        for (i, c) in cursors.iter().enumerate() {
+            slot[c.replica as usize] = i as u32;
+        }
         for (i, h) in blocks.iter().enumerate() {
-            if alive.is_empty() {
-                break;
-            }
             let shard = self.shards[shard_of(*h)].lock();
             let Some(entry) = shard.get(h) else { break };
-            alive.retain(|&c| {
-                let hit = entry.holders.iter().any(|hd| cursors[c].fresh(hd));
-                if hit {
-                    out[c] = i as u32 + 1;
+            let mut hits = 0;
+            for hd in &entry.holders {
+                let Some(&c) = slot.get(hd.replica as usize) else { continue };
+                // Alive candidates are exactly those that matched every earlier block.
+                if c != u32::MAX && out[c as usize] == i as u32 && cursors[c as usize].fresh(hd) {
+                    out[c as usize] = i as u32 + 1;
+                    hits += 1;
                 }
-                hit
-            });
+            }
+            if hits == 0 {
+                break;
+            }
         }
     }
 

@@ -53,10 +53,17 @@ pub async fn run(env: &Env) {
         ts1 / tn1.max(1.0) * 100.0,
     );
     for rep in &reps {
-        let t = &rep["report"]["ttft"];
+        let (t, p) = (&rep["report"]["ttft"], &rep["report"]["tpot"]);
         println!(
-            "  {}: state {} TTFT labels {} recent |log err| {} coverage {}",
-            rep["replica"], rep["report"]["state"], t["labels"], t["recent_log_err"], t["coverage"]
+            "  {}: state {}; TTFT {} labels {} recent |log err| {:.2} coverage {:.2}; TPOT {} recent |log err| {:.2}",
+            rep["replica"],
+            rep["report"]["state"],
+            t["state"],
+            t["labels"],
+            t["recent_log_err"].as_f64().unwrap_or(f64::NAN),
+            t["coverage"].as_f64().unwrap_or(f64::NAN),
+            p["state"],
+            p["recent_log_err"].as_f64().unwrap_or(f64::NAN),
         );
     }
     assert!(

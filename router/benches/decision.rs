@@ -1,0 +1,138 @@
+//! Decision cost: time per routing decision against candidate count.
+//!
+//! `route/slo/N` is the whole I/O-free decision the proxy makes per request —
+//! candidate filtering, prefix matching, feature building, prediction for every
+//! candidate, ranking — for N replicas; `policy/slo/N` is the policy alone, and the
+//! token-load rows are the cheapest baseline for comparison.
+//! Run: `cargo bench -p headroom --bench decision`.
+
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use headroom::{
+    config::ReplicaConfig,
+    decide::{RouteInputs, route},
+    fleet::{EngineKind, ModelEntry, Replica, Scraped, ServedModels},
+    ledger::BookingSpec,
+    policy::{
+        self, DecideCtx, PolicyName, RequestProfile, Slo, build_candidates,
+        candidates::CandidateParams,
+    },
+    prefix::PrefixIndex,
+    tokens,
+};
+use headroom_predictor::{Learner, Observation, PredictorConfig, ReplicaKey, Sample, SharedPredictor};
+use rand::{SeedableRng, rngs::SmallRng};
+
+fn fleet(n: usize) -> Vec<Arc<Replica>> {
+    (0..n)
+        .map(|i| {
+            let class = if i % 2 == 0 { "h100" } else { "a100" };
+            let r = Replica::new(
+                i as u32,
+                &ReplicaConfig {
+                    url: format!("http://10.0.{}.{}:8000", i / 250, i % 250),
+                    name: None,
+                    class: Some(class.into()),
+                    region: None,
+                    max_batched_tokens: Some(8192),
+                },
+            )
+            .expect("valid replica");
+            r.models.store(Arc::new(ServedModels {
+                models: vec![ModelEntry { id: "m".into(), parent: None, max_model_len: Some(32768) }],
+                known: true,
+            }));
+            r.health.on_success(0, &Default::default());
+            r.scraped.store(Some(Arc::new(Scraped {
+                at_s: 0.0,
+                engine: EngineKind::Vllm,
+                running: (i % 17) as f64,
+                waiting: (i % 5) as f64,
+                kv_usage: Some((i % 10) as f64 / 10.0),
+                num_gpu_blocks: Some(27_000),
+                block_size: Some(16),
+                prefix_queries: 0.0,
+                prefix_hits: 0.0,
+                preemptions: 0.0,
+                preemption_rate: 0.0,
+                rejected_values: 0,
+            })));
+            // Some in-flight work so features are not all zero.
+            for k in 0..(i % 4) {
+                std::mem::forget(r.ledger.book(
+                    BookingSpec { prompt_tokens: 1000 + 100 * k as u32, cached_tokens: 0, expected_output_tokens: 200, tpot_slo_ms: Some(50.0) },
+                    0.0,
+                ));
+            }
+            Arc::new(r)
+        })
+        .collect()
+}
+
+/// A predictor that has learned (warm) for every replica of the fleet.
+fn warm_predictor(replicas: &[Arc<Replica>]) -> Arc<SharedPredictor> {
+    let mut l = Learner::new(PredictorConfig::default());
+    for round in 0..60 {
+        for r in replicas.iter().take(64) {
+            let q = (round % 7) as f64 * 2000.0;
+            let obs = Observation { prompt_tokens: 1000.0, queued_prefill_tokens: q, max_batched_tokens: 8192.0, ..Default::default() };
+            l.observe(&Sample {
+                key: ReplicaKey::new(r.key, r.class_key),
+                obs,
+                at_s: round as f64,
+                ttft_ms: Some(30.0 + q * 0.03),
+                tpot_ms: Some(12.0),
+                output_tokens: 100,
+                censored: false,
+                predicted: None,
+            });
+        }
+    }
+    l.tick(60.0);
+    Arc::new(SharedPredictor::new(l.snapshot(60.0)))
+}
+
+fn bench(c: &mut Criterion) {
+    let prompt: Vec<u32> = (0..2048).collect();
+    let shape = tokens::shape_of_ids(&prompt, 16, 8192);
+    let req = RequestProfile {
+        model: "m".into(),
+        prompt_tokens: shape.tokens,
+        blocks: shape.blocks,
+        max_tokens: Some(256),
+        expected_output_tokens: 200,
+        slo: Slo { ttft_ms: 800.0, tpot_ms: 50.0 },
+        priority: 0,
+        fallback: Default::default(),
+        stream: true,
+    };
+    let params = CandidateParams { block_tokens: 16, stale_after_s: 1e9 };
+    let mut g = c.benchmark_group("decision");
+    for n in [8usize, 64, 256, 1024] {
+        let replicas = fleet(n);
+        let predictor = warm_predictor(&replicas);
+        let prefix = PrefixIndex::new(1 << 20);
+        // Half the fleet holds part of the prompt's prefix.
+        for r in replicas.iter().step_by(2) {
+            prefix.record(&r.prefix_cursor, r.id, &req.blocks[..64], 0);
+        }
+        g.throughput(Throughput::Elements(1));
+        for name in [PolicyName::Slo, PolicyName::TokenLoad] {
+            let pol = policy::build(name, predictor.clone(), Default::default());
+            let inputs = RouteInputs { policy: pol.as_ref(), predictor: &predictor, prefix: &prefix, replicas: &replicas, params, max_targets: 3 };
+            let mut rng = SmallRng::seed_from_u64(1);
+            g.bench_with_input(BenchmarkId::new(format!("route/{name}"), n), &n, |b, _| {
+                b.iter(|| route(&inputs, &req, 1.0, &mut rng).expect("routable"))
+            });
+            let cands = build_candidates(&req, &replicas, &prefix, params, 1.0).expect("candidates");
+            g.bench_with_input(BenchmarkId::new(format!("policy/{name}"), n), &n, |b, _| {
+                b.iter(|| pol.decide(&req, &cands, &mut DecideCtx { now_s: 1.0, rng: &mut rng }))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
