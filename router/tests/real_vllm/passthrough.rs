@@ -9,8 +9,12 @@ use super::{
     requests::{body, chunk_shapes, path, replica_url, shape, streaming},
 };
 
-/// Output tokens of the streamed checks; vLLM sends them 4 to a chunk.
-const N: u32 = 33;
+/// Output tokens of the streamed checks, and how many vLLM packs into each chunk
+/// after the first: 9 chunks for 97 tokens. A stream that long (0.3-1 s here) keeps
+/// scheduling jitter of the router and the client (tens of ms on a busy machine) small
+/// against the 12x error that counting chunks instead of tokens would make.
+const N: u32 = 97;
+const STREAM_INTERVAL: u32 = 12;
 
 /// Router-measured TPOT of the one request just finished on `replica` (histogram sum
 /// and count before and after), in seconds.
@@ -35,8 +39,8 @@ pub async fn stream_pair(
     usage: bool,
 ) -> (super::harness::Streamed, super::harness::Streamed, String) {
     let mut b = streaming(body(chat, &prompts::text("t1-stream", 3, 60), N), usage);
-    // vLLM's per-request `stream_interval`: 4 tokens per chunk after the first.
-    b["stream_interval"] = json!(4);
+    // vLLM's per-request `stream_interval`.
+    b["stream_interval"] = json!(STREAM_INTERVAL);
     let via = stream(&r.url(path(chat)), &b, &[]).await;
     assert!(via.ok(), "via router: {via:?}");
     let name = via.replica.clone().expect("x-headroom-replica");
@@ -52,7 +56,7 @@ pub async fn stream_pair(
 
 /// Client-side spread below which a stream counts as delivered in one burst (the
 /// busy machine made the server flush it at once): timing says nothing then.
-const MIN_SPREAD_S: f64 = 0.03;
+const MIN_SPREAD_S: f64 = 0.15;
 
 async fn check_stream(env: &Env, r: &RouterProc, chat: bool, usage: bool) {
     let what = format!(
@@ -126,9 +130,9 @@ async fn check_stream(env: &Env, r: &RouterProc, chat: bool, usage: bool) {
         client_tpot * 1e3,
         via.text() == direct.text(),
     );
-    // Counting chunks instead of tokens would make the ratio (N-1)/(chunks-1) ≈ 4.
+    // Counting chunks instead of tokens would make the ratio (N-1)/(chunks-1) ≈ 12.
     assert!(
-        (0.7..1.4).contains(&ratio),
+        (0.6..1.6).contains(&ratio),
         "{what}: the router's TPOT ({router_tpot:.4} s) disagrees with the client's ({client_tpot:.4} s)"
     );
 }

@@ -37,7 +37,15 @@ pub async fn run(env: &Env) {
     .unwrap_or(0.0);
     let bounded =
         metric(&m1, "headroom_forecast_bound_total", &[("target", "ttft")]).unwrap_or(0.0);
-    let dbg: Value = get_json(&r.url("/debug/predictor")).await;
+    // The trainer thread learns asynchronously: give it a moment to catch up.
+    let mut dbg: Value = get_json(&r.url("/debug/predictor")).await;
+    for _ in 0..50 {
+        if dbg["samples_learned"].as_u64().unwrap_or(0) as f64 >= total {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        dbg = get_json(&r.url("/debug/predictor")).await;
+    }
     let learned = dbg["samples_learned"].as_u64().unwrap_or(0);
     let reps = dbg["replicas"].as_array().cloned().unwrap_or_default();
     println!(
