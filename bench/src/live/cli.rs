@@ -185,7 +185,10 @@ async fn live_async(a: LiveArgs) -> anyhow::Result<()> {
     let all = load_runs(&a.out)?;
     let table = side_by_side(&all);
     let md = format!(
-        "# Live runs side by side\n\nworkload `{}`, time scale {}, rate scale {}\n\n{}",
+        "# Live runs side by side\n\nworkload `{}`, time scale {}, rate scale {}; latencies \
+         in model ms (wall ÷ time scale); router CPU = all router processes over the \
+         replay, background work included (\"net of idle\" subtracts the idle rate \
+         measured just before)\n\n{}",
         a.workload,
         a.time_scale,
         a.rate_scale,
@@ -247,6 +250,7 @@ pub fn side_by_side(runs: &[LiveRun]) -> Table {
         "TPOT p95 ms",
         "router CPU s",
         "router CPU ms/req",
+        "net of idle ms/req",
         "router peak RSS MiB",
     ]);
     for r in runs {
@@ -265,6 +269,7 @@ pub fn side_by_side(runs: &[LiveRun]) -> Table {
             num(s.tpot_ms.map(|p| p.p95), 2),
             num(has.then_some(cpu), 2),
             num(r.router_cpu_ms_per_request(), 3),
+            num(r.router_net_cpu_ms_per_request(), 3),
             num(has.then_some(rss), 1),
         ]);
     }

@@ -75,6 +75,8 @@ pub struct LiveOptions {
     pub log_dir: Option<PathBuf>,
     /// Longest wait for a child to become ready.
     pub startup_timeout: Duration,
+    /// Wall time spent measuring the routers' idle CPU before the replay (0 = skip).
+    pub idle_probe: Duration,
 }
 
 impl LiveOptions {
@@ -95,6 +97,7 @@ impl LiveOptions {
             load_sample_interval_s: d.load_sample_interval_s,
             log_dir: None,
             startup_timeout: Duration::from_secs(60),
+            idle_probe: Duration::from_secs(1),
         }
     }
 }
@@ -108,6 +111,10 @@ pub struct RouterUsage {
     pub cpu_s: f64,
     /// Peak RSS over the process's life (MiB).
     pub peak_rss_mib: f64,
+    /// CPU seconds per wall second while idle just before the replay (scraping,
+    /// probes, timers): background cost that `cpu_s` includes.
+    #[serde(default)]
+    pub idle_cpu_per_s: f64,
 }
 
 /// Everything a live run produced: the shared [`RunResult`] and what only a live run
@@ -134,6 +141,20 @@ impl LiveRun {
         let n = self.result.records.len();
         (!self.routers.is_empty() && n > 0)
             .then(|| self.routers.iter().map(|r| r.cpu_s).sum::<f64>() * 1e3 / n as f64)
+    }
+
+    /// As [`Self::router_cpu_ms_per_request`] less the idle rate over the replay: what
+    /// the requests themselves cost.
+    pub fn router_net_cpu_ms_per_request(&self) -> Option<f64> {
+        let n = self.result.records.len();
+        (!self.routers.is_empty() && n > 0).then(|| {
+            let net: f64 = self
+                .routers
+                .iter()
+                .map(|r| (r.cpu_s - r.idle_cpu_per_s * self.wall_s).max(0.0))
+                .sum();
+            net * 1e3 / n as f64
+        })
     }
 }
 
@@ -203,6 +224,7 @@ async fn measure(
     replicas: Vec<ReplicaInfo>,
     max_model_len: Option<u32>,
 ) -> Result<LiveRun, LiveError> {
+    let idle_rates = idle_cpu_rates(&router_pids, opts.idle_probe).await;
     let before: Vec<ProcUsage> = router_pids.iter().map(|t| usage_of_all(t)).collect();
     let ropts = ReplayOptions {
         targets: urls.clone(),
@@ -230,6 +252,7 @@ async fn measure(
                 pid: tree.first().copied().unwrap_or(0),
                 cpu_s: now.cpu_since(b),
                 peak_rss_mib: now.peak_rss_kib as f64 / 1024.0,
+                idle_cpu_per_s: idle_rates.get(i).copied().unwrap_or(0.0),
             }
         })
         .collect();
@@ -253,6 +276,22 @@ async fn measure(
         failed: rep.failed,
         started_pids: Vec::new(),
     })
+}
+
+/// CPU seconds per wall second of each process tree over `probe` of idleness.
+async fn idle_cpu_rates(trees: &[Vec<u32>], probe: Duration) -> Vec<f64> {
+    if trees.is_empty() || probe.is_zero() {
+        return vec![0.0; trees.len()];
+    }
+    let t0 = std::time::Instant::now();
+    let a: Vec<ProcUsage> = trees.iter().map(|t| usage_of_all(t)).collect();
+    tokio::time::sleep(probe).await;
+    let secs = t0.elapsed().as_secs_f64();
+    trees
+        .iter()
+        .zip(&a)
+        .map(|(t, a)| usage_of_all(t).cpu_since(a) / secs)
+        .collect()
 }
 
 fn log_path(opts: &LiveOptions, name: &str) -> Option<PathBuf> {
@@ -424,4 +463,37 @@ async fn discover_replicas(urls: &[String]) -> Vec<ReplicaInfo> {
         }
     }
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::result::RequestRecord;
+
+    #[test]
+    fn router_cpu_per_request_with_and_without_idle() {
+        let run = LiveRun {
+            result: RunResult {
+                records: vec![RequestRecord::default(); 100],
+                ..RunResult::default()
+            },
+            routers: vec![
+                RouterUsage {
+                    cpu_s: 1.0,
+                    idle_cpu_per_s: 0.05,
+                    ..RouterUsage::default()
+                },
+                RouterUsage {
+                    cpu_s: 0.5,
+                    idle_cpu_per_s: 0.0,
+                    ..RouterUsage::default()
+                },
+            ],
+            wall_s: 10.0,
+            ..LiveRun::default()
+        };
+        assert_eq!(run.router_cpu_ms_per_request(), Some(15.0));
+        assert_eq!(run.router_net_cpu_ms_per_request(), Some(10.0));
+        assert_eq!(LiveRun::default().router_cpu_ms_per_request(), None);
+    }
 }

@@ -7,7 +7,9 @@
 //!   delay is reported as send lag rather than hidden.
 //! - Every workload request yields exactly one [`RequestRecord`] (failed ones too).
 //! - Times in records are model seconds: wall durations divided by `time_scale`, so a
-//!   live run compares with the simulator at the same workload. TTFT is measured from
+//!   live run compares with the simulator at the same workload. The router lives in
+//!   wall time, so the objectives sent as `x-slo-*-ms` headers are multiplied by
+//!   `time_scale` and its `x-headroom-predicted-*` values are divided by it. TTFT is measured from
 //!   the moment the request is sent to its first content event; TPOT is
 //!   (last − first content) / (completion tokens − 1) with the server's token count.
 //! - A request that does not complete (HTTP error, in-stream error, truncation,
@@ -187,8 +189,11 @@ fn slo_of(r: &Request, o: &ReplayOptions) -> (f64, f64) {
     )
 }
 
-fn slo_header(v: f64) -> HeaderValue {
-    HeaderValue::from_str(&format!("{v:.0}")).unwrap_or(HeaderValue::from_static("0"))
+/// An objective in model ms as the wall-clock ms header the router compares its own
+/// (wall-clock) predictions with.
+fn slo_header(model_ms: f64, time_scale: f64) -> HeaderValue {
+    let wall = (model_ms * time_scale).max(0.001);
+    HeaderValue::from_str(&format!("{wall:.3}")).unwrap_or(HeaderValue::from_static("1"))
 }
 
 /// Replays `wl` as `opts` say and measures every request.
@@ -334,8 +339,8 @@ async fn one_request(
     let (slo_ttft_ms, slo_tpot_ms) = slo_of(r, o);
     let body = Bytes::from(completion_body(r, &o.model, o.max_model_len));
     let headers = [
-        ("x-slo-ttft-ms", slo_header(slo_ttft_ms)),
-        ("x-slo-tpot-ms", slo_header(slo_tpot_ms)),
+        ("x-slo-ttft-ms", slo_header(slo_ttft_ms, o.time_scale)),
+        ("x-slo-tpot-ms", slo_header(slo_tpot_ms, o.time_scale)),
     ];
     let fallback_name = uri
         .authority()
@@ -374,10 +379,10 @@ fn record_of(
         input_tokens: r.input_tokens,
         slo_ttft_ms,
         slo_tpot_ms,
-        predicted_ttft_ms: out.predicted.ttft_ms,
-        predicted_ttft_upper_ms: out.predicted.ttft_upper_ms,
-        predicted_tpot_ms: out.predicted.tpot_ms,
-        predicted_tpot_upper_ms: out.predicted.tpot_upper_ms,
+        predicted_ttft_ms: out.predicted.ttft_ms.map(|v| v / f),
+        predicted_ttft_upper_ms: out.predicted.ttft_upper_ms.map(|v| v / f),
+        predicted_tpot_ms: out.predicted.tpot_ms.map(|v| v / f),
+        predicted_tpot_upper_ms: out.predicted.tpot_upper_ms.map(|v| v / f),
         fallback: out.fallback.clone(),
         ..RequestRecord::default()
     };
@@ -429,6 +434,13 @@ async fn sample_load(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objectives_are_sent_in_wall_time() {
+        assert_eq!(slo_header(500.0, 0.1).to_str().ok(), Some("50.000"));
+        assert_eq!(slo_header(50.0, 1.0).to_str().ok(), Some("50.000"));
+        assert_eq!(slo_header(0.0, 1.0).to_str().ok(), Some("0.001"));
+    }
 
     #[test]
     fn target_urls_are_checked() {
