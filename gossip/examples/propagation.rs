@@ -278,6 +278,28 @@ async fn run(n: usize, updates: usize, interval: Duration) -> Result<Row> {
             }
         }
         dgram_lost += (n - 1 - seen_d.len()) as u64;
+        if std::env::var_os("PROPAGATION_DIAG").is_some() {
+            let live = nodes[src]
+                .members()
+                .await
+                .iter()
+                .filter(|m| m.live && !m.is_self)
+                .count();
+            let st: Vec<MeshStats> = nodes.iter().map(Mesh::stats).collect();
+            let sum = |f: fn(&MeshStats) -> u64| st.iter().map(f).sum::<u64>();
+            eprintln!(
+                "update {u}: gossip reached {}/{} datagram {}/{} publisher live {live} | dropped msgs {} connect fails {} rejected frames {} dropped events {} msgs sent {}",
+                seen_g.len(),
+                n - 1,
+                seen_d.len(),
+                n - 1,
+                sum(|s| s.dropped_messages),
+                sum(|s| s.connect_failures),
+                sum(|s| s.rejected_frames),
+                sum(|s| s.dropped_events),
+                sum(|s| s.messages_sent),
+            );
+        }
         if seen_d.len() == n - 1 {
             let last = seen_d.values().max().copied().unwrap_or(sent);
             dgram.record(last.duration_since(sent).as_micros() as u64)?;

@@ -25,10 +25,12 @@ fn header(version: u16, kind: u8) -> Vec<u8> {
 async fn corrupt_values_are_rejected_counted_and_harmless() {
     let dir = certs(&["a", "b"]);
     let nodes = start_region(dir.path(), &["a", "b"], "r1", None).await;
-    eventually("a and b meet", || async {
-        live_peers(&nodes[1]).await == vec!["a".to_string()]
-    })
-    .await;
+    for (n, peer) in [(&nodes[0], "b"), (&nodes[1], "a")] {
+        eventually("a and b meet", || async {
+            live_peers(n).await == vec![peer.to_string()]
+        })
+        .await;
+    }
     let mut rx = nodes[1].subscribe();
     let a = &nodes[0];
 

@@ -85,8 +85,13 @@ pub(crate) struct Transport {
 /// What a connection's serving task knows about its peer.
 struct PeerCtx {
     node_id: Arc<str>,
-    bound_addr: Option<SocketAddr>,
+    /// The advertise address this connection speaks for, fixed by its first frame (or
+    /// by the dial).
+    bound_addr: Mutex<Option<SocketAddr>>,
 }
+
+/// Streams read concurrently per connection.
+const STREAMS_PER_CONN: usize = 32;
 
 impl Transport {
     #[allow(clippy::too_many_arguments)]
@@ -294,7 +299,7 @@ impl Transport {
             conn.clone(),
             PeerCtx {
                 node_id: peer.into(),
-                bound_addr: Some(to),
+                bound_addr: Mutex::new(Some(to)),
             },
         );
         Some(conn)
@@ -342,7 +347,7 @@ impl Transport {
                         conn,
                         PeerCtx {
                             node_id: peer.into(),
-                            bound_addr: None,
+                            bound_addr: Mutex::new(None),
                         },
                     );
                 });
@@ -350,29 +355,28 @@ impl Transport {
         });
     }
 
-    /// Serves one connection: reads gossip frames and datagrams until it closes.
-    fn serve(self: &Arc<Self>, conn: quinn::Connection, mut ctx: PeerCtx) {
+    /// Serves one connection: reads gossip frames and datagrams until it closes. Each
+    /// stream is read by its own task (at most `STREAMS_PER_CONN` at once), so one slow
+    /// stream never holds up the others or the datagrams.
+    fn serve(self: &Arc<Self>, conn: quinn::Connection, ctx: PeerCtx) {
         let t = self.clone();
         self.live_conns
             .lock()
             .insert(conn.stable_id(), conn.clone());
+        let ctx = Arc::new(ctx);
+        let permits = Arc::new(tokio::sync::Semaphore::new(STREAMS_PER_CONN));
         self.tracker.spawn(async move {
             loop {
                 tokio::select! {
                     _ = t.cancel.cancelled() => break,
                     s = conn.accept_uni() => match s {
-                        Ok(mut recv) => {
-                            let limit = frame::HEADER_LEN + frame::MAX_PAYLOAD;
-                            let read = tokio::time::timeout(t.settings.connect_timeout, recv.read_to_end(limit)).await;
-                            match read {
-                                Ok(Ok(bytes)) => {
-                                    if !t.on_frame(&conn, &mut ctx, &bytes) {
-                                        conn.close(2u32.into(), b"identity violation");
-                                        break;
-                                    }
-                                }
-                                _ => Counters::add(&t.counters.rejected_frames, 1),
-                            }
+                        Ok(recv) => {
+                            let Ok(permit) = permits.clone().acquire_owned().await else { break };
+                            let (t2, conn2, ctx2) = (t.clone(), conn.clone(), ctx.clone());
+                            t.tracker.spawn(async move {
+                                t2.read_frame(&conn2, &ctx2, recv).await;
+                                drop(permit);
+                            });
                         }
                         Err(_) => break,
                     },
@@ -386,14 +390,35 @@ impl Transport {
             Counters::add(&t.counters.udp_bytes_sent_closed, s.udp_tx.bytes);
             Counters::add(&t.counters.udp_bytes_received_closed, s.udp_rx.bytes);
             t.live_conns.lock().remove(&conn.stable_id());
-            if let Some(a) = ctx.bound_addr {
+            if let Some(a) = *ctx.bound_addr.lock() {
                 t.forget(a, &conn);
             }
         });
     }
 
+    async fn read_frame(
+        &self,
+        conn: &quinn::Connection,
+        ctx: &PeerCtx,
+        mut recv: quinn::RecvStream,
+    ) {
+        let limit = frame::HEADER_LEN + frame::MAX_PAYLOAD;
+        let read = tokio::select! {
+            _ = self.cancel.cancelled() => return,
+            r = tokio::time::timeout(self.settings.connect_timeout, recv.read_to_end(limit)) => r,
+        };
+        match read {
+            Ok(Ok(bytes)) => {
+                if !self.on_frame(conn, ctx, &bytes) {
+                    conn.close(2u32.into(), b"identity violation");
+                }
+            }
+            _ => Counters::add(&self.counters.rejected_frames, 1),
+        }
+    }
+
     /// Handles one gossip frame. Returns false if the peer broke an identity rule.
-    fn on_frame(&self, conn: &quinn::Connection, ctx: &mut PeerCtx, bytes: &[u8]) -> bool {
+    fn on_frame(&self, conn: &quinn::Connection, ctx: &PeerCtx, bytes: &[u8]) -> bool {
         let Some(f) = frame::parse(bytes) else {
             Counters::add(&self.counters.rejected_frames, 1);
             return true;
@@ -402,7 +427,8 @@ impl Transport {
             return true;
         }
         // The claimed address is fixed per connection and must not be another member's.
-        if ctx.bound_addr.is_some_and(|a| a != f.sender)
+        let bound = *ctx.bound_addr.lock();
+        if bound.is_some_and(|a| a != f.sender)
             || self.known_id(&f.sender).is_some_and(|id| id != ctx.node_id)
         {
             Counters::add(&self.counters.rejected_peers, 1);
@@ -423,8 +449,8 @@ impl Transport {
                 return true;
             }
         };
-        if ctx.bound_addr.is_none() {
-            ctx.bound_addr = Some(f.sender);
+        if bound.is_none() {
+            *ctx.bound_addr.lock() = Some(f.sender);
             // Reuse this inbound connection for replies unless one is already cached.
             let mut conns = self.conns.lock();
             let stale = conns
@@ -446,7 +472,10 @@ impl Transport {
     }
 
     fn on_datagram(&self, conn: &quinn::Connection, ctx: &PeerCtx, bytes: &Bytes) {
-        let from = ctx.bound_addr.unwrap_or_else(|| conn.remote_address());
+        let from = ctx
+            .bound_addr
+            .lock()
+            .unwrap_or_else(|| conn.remote_address());
         if self.blocked(from) {
             return;
         }
