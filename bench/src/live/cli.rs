@@ -9,8 +9,9 @@
 //! Cmd::ProxyOverhead(a) => headroom_bench::live::cli::proxy_overhead(a),
 //! ```
 //!
-//! `live` writes into `--out`: `live-<system>.json` (the [`LiveRun`]: the shared
-//! `RunResult` plus router CPU/RSS, send lag, failures), then rebuilds from every
+//! `live` writes into `--out`: `run-<system>.json` (the `RunResult`, as the simulator
+//! produces), `live-<system>.json` (the [`LiveRun`]: that `RunResult` plus router
+//! CPU/RSS, send lag, failures), then rebuilds from every
 //! `live-*.json` in the directory `side_by_side.md` (attainment, TTFT/TPOT p50/p95,
 //! router CPU and RSS per system) and the common report (`report.md`, `report.json`,
 //! plots). Running `live` several times into one directory — our policies, then
@@ -180,7 +181,10 @@ async fn live_async(a: LiveArgs) -> anyhow::Result<()> {
         let path = a.out.join(format!("live-{}.json", slug(&name)));
         std::fs::write(&path, serde_json::to_string_pretty(&run)?)
             .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        let plain = a.out.join(format!("run-{}.json", slug(&name)));
+        std::fs::write(&plain, serde_json::to_string_pretty(&run.result)?)
+            .with_context(|| format!("writing {}", plain.display()))?;
+        eprintln!("wrote {} and {}", path.display(), plain.display());
     }
     let all = load_runs(&a.out)?;
     let table = side_by_side(&all);
