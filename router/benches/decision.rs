@@ -21,7 +21,9 @@ use headroom::{
     prefix::PrefixIndex,
     tokens,
 };
-use headroom_predictor::{Learner, Observation, PredictorConfig, ReplicaKey, Sample, SharedPredictor};
+use headroom_predictor::{
+    Learner, Observation, PredictorConfig, ReplicaKey, Sample, SharedPredictor,
+};
 use rand::{SeedableRng, rngs::SmallRng};
 
 fn fleet(n: usize) -> Vec<Arc<Replica>> {
@@ -40,7 +42,11 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
             )
             .expect("valid replica");
             r.models.store(Arc::new(ServedModels {
-                models: vec![ModelEntry { id: "m".into(), parent: None, max_model_len: Some(32768) }],
+                models: vec![ModelEntry {
+                    id: "m".into(),
+                    parent: None,
+                    max_model_len: Some(32768),
+                }],
                 known: true,
             }));
             r.health.on_success(0, &Default::default());
@@ -61,7 +67,12 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
             // Some in-flight work so features are not all zero.
             for k in 0..(i % 4) {
                 std::mem::forget(r.ledger.book(
-                    BookingSpec { prompt_tokens: 1000 + 100 * k as u32, cached_tokens: 0, expected_output_tokens: 200, tpot_slo_ms: Some(50.0) },
+                    BookingSpec {
+                        prompt_tokens: 1000 + 100 * k as u32,
+                        cached_tokens: 0,
+                        expected_output_tokens: 200,
+                        tpot_slo_ms: Some(50.0),
+                    },
                     0.0,
                 ));
             }
@@ -76,7 +87,12 @@ fn warm_predictor(replicas: &[Arc<Replica>]) -> Arc<SharedPredictor> {
     for round in 0..60 {
         for r in replicas.iter().take(64) {
             let q = (round % 7) as f64 * 2000.0;
-            let obs = Observation { prompt_tokens: 1000.0, queued_prefill_tokens: q, max_batched_tokens: 8192.0, ..Default::default() };
+            let obs = Observation {
+                prompt_tokens: 1000.0,
+                queued_prefill_tokens: q,
+                max_batched_tokens: 8192.0,
+                ..Default::default()
+            };
             l.observe(&Sample {
                 key: ReplicaKey::new(r.key, r.class_key),
                 obs,
@@ -102,12 +118,18 @@ fn bench(c: &mut Criterion) {
         blocks: shape.blocks,
         max_tokens: Some(256),
         expected_output_tokens: 200,
-        slo: Slo { ttft_ms: 800.0, tpot_ms: 50.0 },
+        slo: Slo {
+            ttft_ms: 800.0,
+            tpot_ms: 50.0,
+        },
         priority: 0,
         fallback: Default::default(),
         stream: true,
     };
-    let params = CandidateParams { block_tokens: 16, stale_after_s: 1e9 };
+    let params = CandidateParams {
+        block_tokens: 16,
+        stale_after_s: 1e9,
+    };
     let mut g = c.benchmark_group("decision");
     for n in [8usize, 64, 256, 1024] {
         let replicas = fleet(n);
@@ -120,14 +142,31 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements(1));
         for name in [PolicyName::Slo, PolicyName::TokenLoad] {
             let pol = policy::build(name, predictor.clone(), Default::default());
-            let inputs = RouteInputs { policy: pol.as_ref(), predictor: &predictor, prefix: &prefix, replicas: &replicas, params, max_targets: 3 };
+            let inputs = RouteInputs {
+                policy: pol.as_ref(),
+                predictor: &predictor,
+                prefix: &prefix,
+                replicas: &replicas,
+                params,
+                max_targets: 3,
+            };
             let mut rng = SmallRng::seed_from_u64(1);
             g.bench_with_input(BenchmarkId::new(format!("route/{name}"), n), &n, |b, _| {
                 b.iter(|| route(&inputs, &req, 1.0, &mut rng).expect("routable"))
             });
-            let cands = build_candidates(&req, &replicas, &prefix, params, 1.0).expect("candidates");
+            let cands =
+                build_candidates(&req, &replicas, &prefix, params, 1.0).expect("candidates");
             g.bench_with_input(BenchmarkId::new(format!("policy/{name}"), n), &n, |b, _| {
-                b.iter(|| pol.decide(&req, &cands, &mut DecideCtx { now_s: 1.0, rng: &mut rng }))
+                b.iter(|| {
+                    pol.decide(
+                        &req,
+                        &cands,
+                        &mut DecideCtx {
+                            now_s: 1.0,
+                            rng: &mut rng,
+                        },
+                    )
+                })
             });
         }
     }

@@ -13,7 +13,7 @@ use headroom_predictor::PredictorConfig;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{PolicyName, slo::SloConfig};
+use crate::policy::{PolicyName, baselines::PrefixAffinity, slo::SloConfig};
 
 /// Everything a router node needs to run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -44,6 +44,8 @@ pub struct RouterConfig {
     pub prediction_headers: bool,
     /// The `slo` policy's knobs.
     pub slo: SloConfig,
+    /// The `prefix-affinity` baseline's knobs.
+    pub prefix_affinity: PrefixAffinity,
     /// The latency predictor's knobs.
     pub predictor: PredictorConfig,
     /// Warm-start the predictor from this file and save it there on shutdown.
@@ -69,6 +71,7 @@ impl Default for RouterConfig {
             seed: 0,
             prediction_headers: true,
             slo: SloConfig::default(),
+            prefix_affinity: PrefixAffinity::default(),
             predictor: PredictorConfig::default(),
             predictor_state: None,
             predictor_publish_ms: 100,

@@ -192,7 +192,12 @@ pub fn build_policy(
     trainer: &Trainer,
     cfg: &RouterConfig,
 ) -> anyhow::Result<Box<dyn Policy>> {
-    Ok(policy::build(name, trainer.shared.clone(), cfg.slo.clone()))
+    Ok(policy::build_with(
+        name,
+        trainer.shared.clone(),
+        cfg.slo.clone(),
+        cfg.prefix_affinity.clone(),
+    ))
 }
 
 /// The router's estimate of a request's output length: exact under `ignore_eos`,

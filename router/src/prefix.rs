@@ -86,7 +86,9 @@ impl PrefixIndex {
             let Some(entry) = shard.get(h) else { break };
             let mut hits = 0;
             for hd in &entry.holders {
-                let Some(&c) = slot.get(hd.replica as usize) else { continue };
+                let Some(&c) = slot.get(hd.replica as usize) else {
+                    continue;
+                };
                 // Alive candidates are exactly those that matched every earlier block.
                 if c != u32::MAX && out[c as usize] == i as u32 && cursors[c as usize].fresh(hd) {
                     out[c as usize] = i as u32 + 1;

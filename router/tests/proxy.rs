@@ -63,6 +63,26 @@ async fn non_streaming_is_identical_to_direct() {
     let via = post(&r.url("/v1/completions"), body).await;
     assert_eq!(via.status(), 200);
     assert_eq!(via.text().await.unwrap(), direct);
+    // A whole response is a completed request, not a cancelled one.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let metrics = client()
+            .get(r.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("status=\"ok\"} 1") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not recorded as ok: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

@@ -75,11 +75,15 @@ impl Policy for TokenLoad {
 }
 
 /// Longest prefix match with a load release, after llm-d's token-aware default:
-/// keep candidates whose prefix score (cached / prompt) is within `affinity_threshold`
-/// of the best, unless the best sticky candidate's estimated queueing TTFT exceeds
-/// the best non-sticky one's by more than `max_ttft_penalty_ms`; among those kept,
+/// keep candidates whose prefix score (cached / prompt) is at least
+/// `affinity_threshold`, unless the best sticky candidate is overloaded — its
+/// estimated queueing TTFT exceeds the best non-sticky one's by more than
+/// `max_ttft_penalty_ms` (llm-d's gate), or it has more than `max_request_excess`
+/// more requests in flight than the least-loaded one (a request-count gate, since
+/// cached prefills are cheap in tokens but still occupy the engine); among those kept,
 /// fewest outstanding tokens wins.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PrefixAffinity {
     /// Minimum prefix score (0..1) to count as sticky.
     pub affinity_threshold: f64,
@@ -87,15 +91,20 @@ pub struct PrefixAffinity {
     pub peak_prefill_tps: f64,
     /// Allowed TTFT penalty for stickiness (ms).
     pub max_ttft_penalty_ms: f64,
+    /// Allowed excess of in-flight requests on the sticky candidate over the least
+    /// loaded one before stickiness is released.
+    pub max_request_excess: f64,
 }
 
 impl Default for PrefixAffinity {
     fn default() -> Self {
-        // llm-d's chart values: 0.80, 15,928 tok/s, 5,000 ms.
+        // llm-d's chart values: 0.80, 15,928 tok/s, 5,000 ms; the request gate after
+        // SGLang's balance threshold scale.
         Self {
             affinity_threshold: 0.80,
             peak_prefill_tps: 15_928.0,
             max_ttft_penalty_ms: 5_000.0,
+            max_request_excess: 8.0,
         }
     }
 }
@@ -133,17 +142,31 @@ impl Policy for PrefixAffinity {
                 .fold(f64::INFINITY, f64::min)
         };
         let (best_sticky, best_loose) = (best(true), best(false));
+        let fewest = |want: Option<bool>| {
+            cands
+                .iter()
+                .zip(&sticky)
+                .filter(|(_, s)| want.is_none_or(|w| **s == w))
+                .map(|(c, _)| c.load().requests)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let request_excess = fewest(Some(true)) - fewest(None);
         let release = best_sticky.is_finite()
-            && best_loose.is_finite()
-            && best_sticky - best_loose > self.max_ttft_penalty_ms;
+            && ((best_loose.is_finite() && best_sticky - best_loose > self.max_ttft_penalty_ms)
+                || request_excess > self.max_request_excess);
         let keep_sticky = best_sticky.is_finite() && !release;
-        // Kept candidates first (by token load), the rest after them as retry targets.
+        // Kept candidates first (by token load), the rest after them as retry targets;
+        // once released, the least-loaded by requests, then tokens.
         let costs: Vec<f64> = cands
             .iter()
             .zip(&sticky)
             .map(|(c, s)| {
-                let tier = if keep_sticky && !*s { 1e18 } else { 0.0 };
-                tier + tokens_with(req, c) - c.cached_tokens as f64
+                if release {
+                    c.load().requests * 1e9 + tokens_with(req, c)
+                } else {
+                    let tier = if keep_sticky && !*s { 1e18 } else { 0.0 };
+                    tier + tokens_with(req, c) - c.cached_tokens as f64
+                }
             })
             .collect();
         let mut d = Decision::route(rank::by_cost(&costs, ctx.rng));
@@ -262,6 +285,26 @@ mod tests {
             cand(&rs[1], 0, Load::default()),
         ];
         assert_eq!(first(&p, &req(1000), &cs), 0);
+        // Replica 0 holds many more requests than replica 1: release.
+        let cs = vec![
+            cand(
+                &rs[0],
+                900,
+                Load {
+                    requests: 12.0,
+                    ..Load::default()
+                },
+            ),
+            cand(
+                &rs[1],
+                0,
+                Load {
+                    requests: 1.0,
+                    ..Load::default()
+                },
+            ),
+        ];
+        assert_eq!(first(&p, &req(1000), &cs), 1);
         // Replica 0 is buried under 200k queued tokens (≈12.5 s): release.
         let cs = vec![
             cand(

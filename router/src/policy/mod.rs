@@ -82,11 +82,21 @@ pub fn build(
     predictor: Arc<headroom_predictor::SharedPredictor>,
     slo: slo::SloConfig,
 ) -> Box<dyn Policy> {
+    build_with(name, predictor, slo, baselines::PrefixAffinity::default())
+}
+
+/// [`build`] with the prefix-affinity baseline's settings.
+pub fn build_with(
+    name: PolicyName,
+    predictor: Arc<headroom_predictor::SharedPredictor>,
+    slo: slo::SloConfig,
+    prefix_affinity: baselines::PrefixAffinity,
+) -> Box<dyn Policy> {
     match name {
         PolicyName::RoundRobin => Box::new(baselines::RoundRobin::default()),
         PolicyName::LeastRequest => Box::new(baselines::LeastRequest),
         PolicyName::TokenLoad => Box::new(baselines::TokenLoad),
-        PolicyName::PrefixAffinity => Box::new(baselines::PrefixAffinity::default()),
+        PolicyName::PrefixAffinity => Box::new(prefix_affinity),
         PolicyName::Slo => Box::new(slo::SloPolicy::new(predictor, slo)),
     }
 }

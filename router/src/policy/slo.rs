@@ -8,10 +8,11 @@
 //! requests past their own TPOT objectives.
 //!
 //! Ranking: tier (both met, one missed, both missed), then violation probability, then
-//! cost (predicted latency relative to the objectives). The choice is random among
-//! near-equals (violation probability within `near_equal` of the best), with
-//! hysteresis for this node's previous pick, so nodes holding the same view do not
-//! herd. While most candidates' models are cold or stale the policy says so and ranks
+//! cost (predicted latency relative to the objectives, which rewards fast hardware and
+//! prefix-cache hits). The choice is random among near-equals — violation probability
+//! within `near_equal` of the best, then cost within `cost_tolerance` of the cheapest —
+//! with hysteresis for this node's previous pick, so nodes holding the same view do
+//! not herd. While most candidates' models are cold or stale the policy says so and ranks
 //! by outstanding tokens instead. When nothing meets both objectives the tenant's
 //! fallback applies: least-bad, defer (within the deadline), or reject.
 
@@ -36,6 +37,9 @@ use crate::config::Fallback;
 pub struct SloConfig {
     /// Candidates whose violation probability is within this of the best are equals.
     pub near_equal: f64,
+    /// Among those, placements whose cost is within this fraction of the cheapest are
+    /// equals too (chosen at random).
+    pub cost_tolerance: f64,
     /// This node's previous pick stays among the equals up to this extra margin.
     pub hysteresis: f64,
     /// Probability of choosing uniformly among the feasible (unbiased learning data).
@@ -54,6 +58,7 @@ impl Default for SloConfig {
     fn default() -> Self {
         Self {
             near_equal: 0.03,
+            cost_tolerance: 0.10,
             hysteresis: 0.03,
             explore: 0.01,
             min_warm_fraction: 0.5,
@@ -159,17 +164,25 @@ impl SloPolicy {
                 evals[i].p_violate <= best + margin
             })
             .collect();
-        // Weighted by speed: faster placements are likelier, never certain.
-        let weights: Vec<f64> = band.iter().map(|&i| 1.0 / (evals[i].cost + 0.05)).collect();
-        let total: f64 = weights.iter().sum();
-        let mut x = ctx.rng.random::<f64>() * total;
-        for (k, w) in band.iter().zip(&weights) {
-            if x < *w {
-                return Some(*k);
-            }
-            x -= w;
-        }
-        band.last().copied()
+        // Within the band, the cheapest placement (least predicted latency relative to
+        // the objectives: fast hardware, prefix hits) wins, random among near-equals.
+        let cheapest = band
+            .iter()
+            .map(|&i| evals[i].cost)
+            .fold(f64::INFINITY, f64::min);
+        let near: Vec<usize> = band
+            .into_iter()
+            .filter(|&i| {
+                let tol = if cands[i].replica.id + 1 == last {
+                    self.cfg.cost_tolerance + self.cfg.hysteresis
+                } else {
+                    self.cfg.cost_tolerance
+                };
+                evals[i].cost <= cheapest * (1.0 + tol) + 1e-9
+            })
+            .collect();
+        near.get(ctx.rng.random_range(0..near.len().max(1)))
+            .copied()
     }
 }
 
@@ -199,7 +212,12 @@ impl Policy for SloPolicy {
             .map(|c| snap.predict(features::key(c), &features::observation(req, c)))
             .collect();
         let forecasts: Vec<Option<Forecast>> = preds.iter().map(|p| Some(forecast(p))).collect();
-        let warm = preds.iter().filter(|p| p.state == ModelState::Warm).count();
+        // TTFT decides placement when nothing fits well; a cold TPOT model only widens
+        // its own bound (its labels are scarcer and noisier), so warmth is TTFT's.
+        let warm = preds
+            .iter()
+            .filter(|p| p.ttft_state == ModelState::Warm)
+            .count();
         if (warm as f64) < self.cfg.min_warm_fraction * cands.len() as f64 {
             let mut d = TokenLoad.decide(req, cands, ctx);
             d.forecasts = forecasts;
@@ -217,7 +235,7 @@ impl Policy for SloPolicy {
                     c.load().min_tpot_slo_ms,
                 );
                 // A cold replica with nothing on it is safe to try: that is how it warms.
-                if p.state != ModelState::Warm && c.load().requests == 0.0 {
+                if p.ttft_state != ModelState::Warm && c.load().requests == 0.0 {
                     e.tier = 0;
                     e.p_violate = e.p_violate.min(0.1);
                 }

@@ -119,8 +119,10 @@ impl TrackedBody {
                 let tokens = usage
                     .map(|u| u.completion_tokens)
                     .unwrap_or(sc.content_events);
+                // Within one read the spacing of tokens is unknowable: no TPOT label then.
+                let spread = sc.last_content_read > sc.first_content_read;
                 let tpot = match (sc.first_content, sc.last_content) {
-                    (Some(a), Some(b)) if tokens >= 2 && status == OutcomeStatus::Ok => {
+                    (Some(a), Some(b)) if tokens >= 2 && spread && status == OutcomeStatus::Ok => {
                         Some(b.duration_since(a).as_secs_f64() / (tokens - 1) as f64)
                     }
                     _ => None,
@@ -178,6 +180,48 @@ impl TrackedBody {
     }
 }
 
+impl TrackedBody {
+    /// The upstream ended: closes out (cleanly only if a stream saw `[DONE]`) and
+    /// returns whatever must still be sent after `out`.
+    fn end(&mut self, out: Bytes) -> Bytes {
+        self.done = true;
+        let clean = match &mut self.mode {
+            Mode::Stream(sc) => sc.done,
+            Mode::Whole(_) => true,
+        };
+        let rest = match &mut self.mode {
+            Mode::Stream(sc) => sc.leftover(),
+            Mode::Whole(_) => Bytes::new(),
+        };
+        let status = if clean {
+            OutcomeStatus::Ok
+        } else {
+            OutcomeStatus::UpstreamFailed
+        };
+        let tail = self.finish(status).unwrap_or_default();
+        if rest.is_empty() && tail.is_empty() {
+            return out;
+        }
+        let mut b = BytesMut::from(&out[..]);
+        b.extend_from_slice(&rest);
+        b.extend_from_slice(&tail);
+        b.freeze()
+    }
+
+    /// Passes one upstream chunk on; ends the request when the upstream says it has
+    /// nothing more (a whole response's last byte is its end: the server may not be
+    /// polled again after it).
+    fn forward(&mut self, data: Bytes) -> Option<Bytes> {
+        let out = self.process(data);
+        let out = if self.upstream.is_end_stream() {
+            self.end(out)
+        } else {
+            out
+        };
+        (!out.is_empty()).then_some(out)
+    }
+}
+
 impl Body for TrackedBody {
     type Data = Bytes;
     type Error = hyper::Error;
@@ -191,9 +235,11 @@ impl Body for TrackedBody {
             return Poll::Ready(None);
         }
         if let Some(first) = this.first.take() {
-            let out = this.process(first);
-            if !out.is_empty() {
+            if let Some(out) = this.forward(first) {
                 return Poll::Ready(Some(Ok(Frame::data(out))));
+            }
+            if this.done {
+                return Poll::Ready(None);
             }
         }
         loop {
@@ -201,11 +247,13 @@ impl Body for TrackedBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     let deadline = tokio::time::Instant::now() + this.idle_timeout;
                     this.idle.as_mut().reset(deadline);
-                    if let Ok(data) = frame.into_data() {
-                        let out = this.process(data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
+                    if let Ok(data) = frame.into_data()
+                        && let Some(out) = this.forward(data)
+                    {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                    if this.done {
+                        return Poll::Ready(None);
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -218,25 +266,7 @@ impl Body for TrackedBody {
                     };
                 }
                 Poll::Ready(None) => {
-                    this.done = true;
-                    let clean = match &mut this.mode {
-                        Mode::Stream(sc) => sc.done,
-                        Mode::Whole(_) => true,
-                    };
-                    let mut rest = match &mut this.mode {
-                        Mode::Stream(sc) => sc.leftover(),
-                        Mode::Whole(_) => Bytes::new(),
-                    };
-                    let status = if clean {
-                        OutcomeStatus::Ok
-                    } else {
-                        OutcomeStatus::UpstreamFailed
-                    };
-                    if let Some(tail) = this.finish(status) {
-                        let mut b = BytesMut::from(&rest[..]);
-                        b.extend_from_slice(&tail);
-                        rest = b.freeze();
-                    }
+                    let rest = this.end(Bytes::new());
                     return if rest.is_empty() {
                         Poll::Ready(None)
                     } else {

@@ -43,6 +43,10 @@ pub struct SseScanner {
     pub last_content: Option<Instant>,
     /// Content events seen (a fast server may pack several tokens into one).
     pub content_events: u32,
+    /// Which read (1-based count of `feed` calls) carried the first and last content.
+    pub first_content_read: u32,
+    pub last_content_read: u32,
+    reads: u32,
     pub usage: Option<Usage>,
     pub done: bool,
     /// The upstream sent an error event.
@@ -80,6 +84,9 @@ impl SseScanner {
             first_content: None,
             last_content: None,
             content_events: 0,
+            first_content_read: 0,
+            last_content_read: 0,
+            reads: 0,
             usage: None,
             done: false,
             upstream_error: false,
@@ -89,6 +96,7 @@ impl SseScanner {
     /// Feeds a chunk received at `now`; returns the bytes to pass on (complete events
     /// only; a partial event waits for its end).
     pub fn feed(&mut self, chunk: &Bytes, now: Instant) -> Bytes {
+        self.reads += 1;
         if self.pending.is_empty() && !self.strip_usage && event_end_at_tail(chunk) {
             // Fast path: whole events, nothing to edit: scan and pass the same bytes.
             let mut rest: &[u8] = chunk;
@@ -152,8 +160,12 @@ impl SseScanner {
             }
         }
         if find(data, b"\"choices\":[{").is_some() {
-            self.first_content.get_or_insert(now);
+            if self.first_content.is_none() {
+                self.first_content = Some(now);
+                self.first_content_read = self.reads;
+            }
             self.last_content = Some(now);
+            self.last_content_read = self.reads;
             self.content_events += 1;
         }
         Verdict::Pass
