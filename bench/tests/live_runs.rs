@@ -443,3 +443,50 @@ async fn orchestrator_starts_a_fleet_and_routers_and_stops_them_all() {
     let err = run_live(opts).await.expect_err("no binaries");
     assert!(matches!(err, LiveError::MissingBinary(_)), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_overhead_passes_bodies_through_unchanged_on_every_target() {
+    use headroom_bench::live::overhead::{OverheadOptions, OverheadTarget, proxy_overhead};
+    let _s = serial().await;
+    router_bin();
+    let mut targets = vec![
+        OverheadTarget::Direct,
+        OverheadTarget::Headroom("round-robin".into()),
+    ];
+    // nginx joins when installed (scripts/install-nginx.sh); headroom always runs.
+    if headroom_bench::live::nginx::find_nginx().is_some() {
+        targets.push(OverheadTarget::Nginx);
+    }
+    let opts = OverheadOptions {
+        targets: targets.clone(),
+        concurrencies: vec![2],
+        warmup: Duration::from_millis(200),
+        duration: Duration::from_millis(700),
+        repeats: 2,
+        bin_dir: Some(bin_dir()),
+        ..OverheadOptions::default()
+    };
+    let rep = proxy_overhead(opts).await.expect("proxy overhead");
+    assert_eq!(rep.measurements.len(), targets.len() * 2);
+    for m in &rep.measurements {
+        assert_eq!(
+            m.errors, 0,
+            "{m:?}: every answer byte-identical to the upstream's"
+        );
+        assert!(
+            m.requests > 0 && m.p50_ms > 0.0 && m.p99_ms >= m.p50_ms,
+            "{m:?}"
+        );
+        assert_eq!(m.proxy_cpu_s.is_some(), m.target != "direct", "{m:?}");
+    }
+    assert_eq!(rep.table.rows.len(), targets.len());
+    assert!(
+        rep.proxy_peak_rss_mib
+            .contains_key("headroom (round-robin)")
+    );
+    assert!(
+        my_children().is_empty(),
+        "stray children: {:?}",
+        my_children()
+    );
+}
