@@ -22,6 +22,10 @@ struct Cli {
 enum Cmd {
     /// Simulate policies on a fleet in virtual time and write a report.
     Sim(SimArgs),
+    /// Replay a workload through real emulators and router nodes on loopback (or --target URL).
+    Live(headroom_bench::live::cli::LiveArgs),
+    /// Requests/s, added latency and CPU/request of headroom serve vs direct vs nginx.
+    ProxyOverhead(headroom_bench::live::cli::OverheadArgs),
 }
 
 #[derive(Args)]
@@ -172,5 +176,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Sim(a) => sim(a),
+        Cmd::Live(a) => headroom_bench::live::cli::live(a),
+        Cmd::ProxyOverhead(a) => headroom_bench::live::cli::proxy_overhead(a),
     }
 }
