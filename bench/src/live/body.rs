@@ -5,10 +5,11 @@
 //! for token and a prefix-caching engine (or the emulator) hits its cache exactly where
 //! the trace says. Blocks the trace leaves uncovered get ids unique to the request.
 //!
-//! Output length: the emulator stops at `max_tokens` with `ignore_eos: true`, so the
-//! body asks for exactly the trace's `output_tokens`. A router therefore sees the true
-//! output length as `max_tokens` (the simulator instead shows it `2 × output`, at least
-//! 256); see the module docs of [`super`] for this known difference.
+//! Output length: the body carries the trace's `output_tokens` in the emulator-only
+//! field `emulator_output_tokens` (the emulator stops there; real engines ignore it)
+//! and asks for `max_tokens = max(2 × output, 256)` within the context window, as the
+//! simulator does — so a router, which reads `max_tokens`, does not learn the true
+//! length from the request.
 
 use serde::Serialize;
 
@@ -28,7 +29,7 @@ struct CompletionBody<'a> {
     model: &'a str,
     prompt: &'a [u32],
     max_tokens: u32,
-    ignore_eos: bool,
+    emulator_output_tokens: u32,
     stream: bool,
     stream_options: StreamOptions,
 }
@@ -50,11 +51,16 @@ pub fn prompt_tokens(r: &Request) -> Vec<u32> {
     tokens_for_hash_ids(&ids, input, per_id).unwrap_or_else(|_| vec![1; input as usize])
 }
 
-/// `max_tokens` sent for `r`: its output length, within the context window if known.
+/// `max_tokens` sent for `r`: twice its output length, at least 256 (what a client
+/// that does not know the answer's length would ask for), within the context window.
 pub fn max_tokens(r: &Request, max_model_len: Option<u32>) -> u32 {
-    let want = r.output_tokens.max(1);
+    let out = r.output_tokens.max(1);
+    let want = (out.saturating_mul(2)).max(256);
     match max_model_len {
-        Some(ctx) => want.min(ctx.saturating_sub(r.input_tokens.max(1))).max(1),
+        Some(ctx) => {
+            let room = ctx.saturating_sub(r.input_tokens.max(1));
+            want.min(room).max(out.min(room)).max(1)
+        }
         None => want,
     }
 }
@@ -66,7 +72,7 @@ pub fn completion_body(r: &Request, model: &str, max_model_len: Option<u32>) -> 
         model,
         prompt: &prompt,
         max_tokens: max_tokens(r, max_model_len),
-        ignore_eos: true,
+        emulator_output_tokens: r.output_tokens.max(1),
         stream: true,
         stream_options: StreamOptions {
             include_usage: true,
@@ -117,15 +123,18 @@ mod tests {
     }
 
     #[test]
-    fn body_asks_for_the_true_output_within_context() {
+    fn body_hides_the_true_output_from_max_tokens() {
         let r = req(0, 10, vec![1, 2, 3]);
         let v: serde_json::Value =
             serde_json::from_slice(&completion_body(&r, "m", None)).expect("json");
-        assert_eq!(v["max_tokens"], 9);
-        assert_eq!(v["ignore_eos"], true);
+        assert_eq!(v["max_tokens"], 256);
+        assert_eq!(v["emulator_output_tokens"], 9);
+        assert!(v.get("ignore_eos").is_none());
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["prompt"].as_array().map(Vec::len), Some(10));
+        // Within the context window, never below the true output when it fits.
         assert_eq!(max_tokens(&r, Some(15)), 5);
+        assert_eq!(max_tokens(&r, Some(100)), 90);
         assert_eq!(max_tokens(&r, Some(5)), 1);
     }
 }

@@ -38,6 +38,10 @@ pub struct ParsedRequest {
     pub continuous_usage: bool,
     pub ignore_eos: bool,
     pub seed: Option<u64>,
+    /// Emulator-only (trace replay): stop after exactly this many tokens, whatever
+    /// `max_tokens` says, so a router sees a realistic `max_tokens` while the output
+    /// length follows the trace. Real engines ignore unknown fields.
+    pub emulator_output_tokens: Option<u32>,
 }
 
 fn opt_u32(body: &Value, key: &str, min: u32) -> Result<Option<u32>, ApiError> {
@@ -222,6 +226,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<ParsedRequest, ApiError
         continuous_usage,
         ignore_eos: opt_bool(&body, "ignore_eos")?,
         seed,
+        emulator_output_tokens: opt_u32(&body, "emulator_output_tokens", 1)?,
     })
 }
 
@@ -252,6 +257,19 @@ mod tests {
         );
         assert!(r.include_usage && r.stream);
         assert_eq!(r.max_tokens, Some(3));
+        let r = parse(
+            Endpoint::Completions,
+            br#"{"prompt":[1],"max_tokens":256,"emulator_output_tokens":17}"#,
+        )
+        .expect("ok");
+        assert_eq!(r.emulator_output_tokens, Some(17));
+        assert!(
+            parse(
+                Endpoint::Completions,
+                br#"{"prompt":[1],"emulator_output_tokens":0}"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -163,7 +163,10 @@ async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Re
     }
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     let seed = req.seed.unwrap_or_else(|| mix64(s.seed ^ mix64(id)));
-    let eos = eos_after(seed, req.ignore_eos, req.min_tokens, max_tokens);
+    let eos = match req.emulator_output_tokens {
+        Some(n) => (n < max_tokens).then_some(n),
+        None => eos_after(seed, req.ignore_eos, req.min_tokens, max_tokens),
+    };
     let fail_after = fail_mid.then(|| eos.unwrap_or(max_tokens) / 2);
     let (tx, rx) = mpsc::channel(max_tokens as usize + 2);
     let engine_req = EngineRequest {
