@@ -6,10 +6,13 @@ use headroom_bench::{
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let path = args
-        .get(1)
-        .cloned()
-        .unwrap_or(concat!(env!("CARGO_MANIFEST_DIR"), "/traces/conversation_trace.jsonl").into());
+    let path = args.get(1).cloned().unwrap_or(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/traces/conversation_trace.jsonl"
+        )
+        .into(),
+    );
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
     let scale: f64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1.0);
     let policies = args

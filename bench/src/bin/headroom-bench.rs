@@ -12,7 +12,11 @@ use headroom_bench::{
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(name = "headroom-bench", version, about = "Headroom's fleet simulator, live runs and reports")]
+#[command(
+    name = "headroom-bench",
+    version,
+    about = "Headroom's fleet simulator, live runs and reports"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -80,12 +84,16 @@ fn policies(spec: &str) -> Vec<String> {
     if spec == "all" {
         ALL_POLICIES.iter().map(|s| s.to_string()).collect()
     } else {
-        spec.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+        spec.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
     }
 }
 
 fn sim(a: SimArgs) -> anyhow::Result<()> {
-    let mut wl = Workload::from_spec(&a.workload).with_context(|| format!("workload {}", a.workload))?;
+    let mut wl =
+        Workload::from_spec(&a.workload).with_context(|| format!("workload {}", a.workload))?;
     if let Some(n) = a.limit {
         wl.requests.truncate(n);
     }
@@ -108,45 +116,72 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         ..SimConfig::default()
     };
     let search = CapacitySearch::default();
-    let per_policy = 1 + if a.capacity { search.max_runs + search.verify.len() } else { 0 };
+    let per_policy = 1 + if a.capacity {
+        search.max_runs + search.verify.len()
+    } else {
+        0
+    };
     let bar = ProgressBar::new((names.len() * per_policy) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}")
             .map_err(|e| anyhow::anyhow!("{e}"))?,
     );
-    let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
     let queue = Mutex::new(names.iter().cloned().enumerate().collect::<Vec<_>>());
     let results = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.min(names.len()) {
-            s.spawn(|| loop {
-                let Some((ix, name)) = queue.lock().ok().and_then(|mut q| q.pop()) else { return };
-                let cfg = SimConfig { policy: name.clone(), ..base.clone() };
-                let out = (|| -> anyhow::Result<PolicyReport> {
-                    let run = simulate(&wl, cfg.clone())?;
-                    bar.inc(1);
-                    let capacity = if a.capacity {
-                        let c = search.try_search_with(
-                            |scale| simulate(&wl, SimConfig { rate_scale: scale, ..cfg.clone() }),
-                            |p, _, _| {
-                                bar.inc(1);
-                                bar.set_message(format!("{name} @ {:.2}: {:.3}", p.rate_scale, p.attainment));
-                            },
-                        )?;
-                        Some(c)
-                    } else {
-                        None
+            s.spawn(|| {
+                loop {
+                    let Some((ix, name)) = queue.lock().ok().and_then(|mut q| q.pop()) else {
+                        return;
                     };
-                    Ok(PolicyReport::new(run, capacity))
-                })();
-                if let Ok(mut r) = results.lock() {
-                    r.push((ix, out));
+                    let cfg = SimConfig {
+                        policy: name.clone(),
+                        ..base.clone()
+                    };
+                    let out = (|| -> anyhow::Result<PolicyReport> {
+                        let run = simulate(&wl, cfg.clone())?;
+                        bar.inc(1);
+                        let capacity = if a.capacity {
+                            let c = search.try_search_with(
+                                |scale| {
+                                    simulate(
+                                        &wl,
+                                        SimConfig {
+                                            rate_scale: scale,
+                                            ..cfg.clone()
+                                        },
+                                    )
+                                },
+                                |p, _, _| {
+                                    bar.inc(1);
+                                    bar.set_message(format!(
+                                        "{name} @ {:.2}: {:.3}",
+                                        p.rate_scale, p.attainment
+                                    ));
+                                },
+                            )?;
+                            Some(c)
+                        } else {
+                            None
+                        };
+                        Ok(PolicyReport::new(run, capacity))
+                    })();
+                    if let Ok(mut r) = results.lock() {
+                        r.push((ix, out));
+                    }
                 }
             });
         }
     });
     bar.finish_and_clear();
-    let mut results = results.into_inner().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    let mut results = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
     results.sort_by_key(|(ix, _)| *ix);
     let mut settings = BTreeMap::new();
     settings.insert("workload".into(), a.workload.clone());
@@ -158,20 +193,35 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     settings.insert("scrape_ms".into(), a.scrape_ms.to_string());
     settings.insert("rate_scale".into(), a.rate_scale.to_string());
     settings.insert("seed".into(), a.seed.to_string());
-    settings.insert("slo".into(), a.slo.clone().unwrap_or_else(|| format!("by trace ({})", wl.name)));
-    let mut report = Report { title: format!("Headroom simulation: {}", wl.name), settings, policies: Vec::new() };
+    settings.insert(
+        "slo".into(),
+        a.slo
+            .clone()
+            .unwrap_or_else(|| format!("by trace ({})", wl.name)),
+    );
+    let mut report = Report {
+        title: format!("Headroom simulation: {}", wl.name),
+        settings,
+        policies: Vec::new(),
+    };
     for (_, r) in results {
         report.policies.push(r?);
     }
     let files = write_report(&a.out, &report)?;
-    println!("{}", std::fs::read_to_string(&files.markdown).unwrap_or_default());
+    println!(
+        "{}",
+        std::fs::read_to_string(&files.markdown).unwrap_or_default()
+    );
     eprintln!("wrote {}", files.markdown.display());
     Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {

@@ -14,7 +14,11 @@ const MAX_STEPS: usize = 20_000;
 /// TTFT (from `now_s`) and TPOT the request would see on `engine`, in seconds.
 pub fn forecast(engine: &Engine, req: EngineRequest, now_s: f64) -> Option<(f64, f64)> {
     let id = req.id;
-    let want = TPOT_TOKENS.min(req.eos_after.unwrap_or(req.max_output_tokens).saturating_sub(1));
+    let want = TPOT_TOKENS.min(
+        req.eos_after
+            .unwrap_or(req.max_output_tokens)
+            .saturating_sub(1),
+    );
     let mut e = engine.clone();
     e.submit_at(req, now_s).ok()?;
     let (mut first, mut last, mut n) = (None, 0.0, 0u32);
@@ -54,7 +58,11 @@ pub fn choose(forecasts: &[Option<(f64, f64)>], slo_ttft_s: f64, slo_tpot_s: f64
         Some((ttft, tpot)) => {
             let worst = (ttft / slo_ttft_s).max(tpot / slo_tpot_s);
             let cost = ttft / slo_ttft_s + tpot / slo_tpot_s;
-            if worst <= 1.0 { (0u8, cost) } else { (1u8, worst) }
+            if worst <= 1.0 {
+                (0u8, cost)
+            } else {
+                (1u8, worst)
+            }
         }
         None => (2u8, f64::INFINITY),
     };
@@ -77,7 +85,8 @@ mod tests {
         let idle = Engine::new(&p, 1).unwrap();
         let mut busy = Engine::new(&p, 2).unwrap();
         for i in 0..40 {
-            busy.submit(EngineRequest::new(100 + i, 6000, vec![], 200)).unwrap();
+            busy.submit(EngineRequest::new(100 + i, 6000, vec![], 200))
+                .unwrap();
         }
         busy.step();
         let req = || EngineRequest::new(1, 2000, vec![], 50);
@@ -87,6 +96,9 @@ mod tests {
         assert!(a.1 > 0.0 && b.1 > a.1);
         assert_eq!(choose(&[Some(b), Some(a)], 1.0, 0.1)[0], 1);
         // Nothing fits: least-bad.
-        assert_eq!(choose(&[Some((9.0, 0.1)), Some((3.0, 0.1))], 1.0, 0.05)[0], 1);
+        assert_eq!(
+            choose(&[Some((9.0, 0.1)), Some((3.0, 0.1))], 1.0, 0.05)[0],
+            1
+        );
     }
 }

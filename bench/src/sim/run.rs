@@ -26,8 +26,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{
     config::SimConfig,
-    oracle,
     node::{SimNode, replica_view},
+    oracle,
     queue::EventQueue,
     result::{LoadSample, ReplicaInfo, RequestRecord, RunResult},
 };
@@ -138,7 +138,11 @@ fn build_policy(
 ) -> Result<Box<dyn policy::Policy>, SimError> {
     if name == "oracle" {
         // The oracle decides in `Simulator::oracle_decide`; this object is never asked.
-        return Ok(policy::build(PolicyName::TokenLoad, predictor, cfg.slo.clone()));
+        return Ok(policy::build(
+            PolicyName::TokenLoad,
+            predictor,
+            cfg.slo.clone(),
+        ));
     }
     if let Ok(p) = PolicyName::from_str(name) {
         return Ok(policy::build(p, predictor, cfg.slo.clone()));
@@ -439,19 +443,25 @@ impl<'w> Simulator<'w> {
 
     /// The oracle's decision: fork every candidate's engine (see `oracle`).
     fn oracle_decide(&mut self, i: usize, t: f64) {
-        let Some(prep) = self.prepared[i].as_ref() else { return };
+        let Some(prep) = self.prepared[i].as_ref() else {
+            return;
+        };
         let node_ix = prep.node;
         let node = &self.nodes[node_ix];
-        let params = CandidateParams { block_tokens: self.cfg.block_tokens, stale_after_s: 2.0 };
-        let started = Instant::now();
-        let cands = match policy::build_candidates(&prep.profile, &node.views, &node.prefix, params, t) {
-            Ok(c) => c,
-            Err(e) => {
-                let why = e.to_string();
-                self.reject(i, node_ix as u32, t, &why);
-                return;
-            }
+        let params = CandidateParams {
+            block_tokens: self.cfg.block_tokens,
+            stale_after_s: 2.0,
         };
+        let started = Instant::now();
+        let cands =
+            match policy::build_candidates(&prep.profile, &node.views, &node.prefix, params, t) {
+                Ok(c) => c,
+                Err(e) => {
+                    let why = e.to_string();
+                    self.reject(i, node_ix as u32, t, &why);
+                    return;
+                }
+            };
         let w = &self.wl.requests[i];
         let forecasts: Vec<Option<(f64, f64)>> = cands
             .iter()
@@ -466,12 +476,21 @@ impl<'w> Simulator<'w> {
                 oracle::forecast(&self.replicas[c.replica.id as usize].engine, req, t)
             })
             .collect();
-        let order = oracle::choose(&forecasts, prep.profile.slo.ttft_ms / 1e3, prep.profile.slo.tpot_ms / 1e3);
-        self.decision_ns.push(started.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+        let order = oracle::choose(
+            &forecasts,
+            prep.profile.slo.ttft_ms / 1e3,
+            prep.profile.slo.tpot_ms / 1e3,
+        );
+        self.decision_ns
+            .push(started.elapsed().as_nanos().min(u32::MAX as u128) as u32);
         let c = &cands[order[0]];
         let key = features::key(c);
         let obs = features::observation(&prep.profile, c);
-        let learn = Learn { key, obs, prediction: node.predictor.load().predict(key, &obs) };
+        let learn = Learn {
+            key,
+            obs,
+            prediction: node.predictor.load().predict(key, &obs),
+        };
         let (r, cached) = (c.replica.id as usize, c.cached_tokens);
         drop(cands);
         self.place(i, node_ix, r, cached, learn, None, t);
