@@ -24,7 +24,7 @@ use super::types::*;
 /// First two bytes of every encoded value.
 pub const MAGIC: [u8; 2] = *b"HR";
 /// Current schema version. Bump on any change to a wire struct; keep the N-1 decoder.
-pub const SCHEMA_VERSION: u16 = 1;
+pub const SCHEMA_VERSION: u16 = 2;
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 16;
 /// Upper bound for any configured value cap: a value plus a 300-node digest must fit
@@ -208,6 +208,10 @@ mod tests {
                     decoding_requests: 4,
                     decode_context_tokens: 5,
                     prefill_inflow_tps: 6.5,
+                    queued_requests: 0,
+                    queued_attention_pairs: 0.0,
+                    decode_remaining_tokens: 0,
+                    min_tpot_slo_ms: 0.0,
                 }],
             }),
             WireValue::Scrape(ReplicaScrape {

@@ -45,6 +45,14 @@ pub struct ReplicaLoad {
     pub decode_context_tokens: u32,
     /// Prefill tokens per second this node is sending there (recent rate).
     pub prefill_inflow_tps: f32,
+    /// Requests placed there that have not produced a first token.
+    pub queued_requests: u32,
+    /// Σ (u·k + u²/2) over those requests: their prefill attention work (token pairs).
+    pub queued_attention_pairs: f32,
+    /// Σ expected remaining output tokens of the decoding requests.
+    pub decode_remaining_tokens: u32,
+    /// Tightest TPOT objective (ms) among requests in flight there; 0 = none.
+    pub min_tpot_slo_ms: f32,
 }
 
 /// This node's in-flight placements per replica. Latest-wins by `seq`.
@@ -200,6 +208,14 @@ impl WireValue {
             Self::Inflight(v) => {
                 if v.loads.len() > MAX_LOADS {
                     return Err("too many replica loads");
+                }
+                let ok = |x: f32| x.is_finite() && x >= 0.0;
+                if v.loads.iter().any(|l| {
+                    !(ok(l.prefill_inflow_tps)
+                        && ok(l.queued_attention_pairs)
+                        && ok(l.min_tpot_slo_ms))
+                }) {
+                    return Err("non-finite or negative load");
                 }
                 Ok(())
             }

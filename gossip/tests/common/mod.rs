@@ -139,6 +139,10 @@ pub fn inflight(seq: u64, replicas: usize) -> WireValue {
                 decoding_requests: 2,
                 decode_context_tokens: 4000,
                 prefill_inflow_tps: 1500.0,
+                queued_requests: 0,
+                queued_attention_pairs: 0.0,
+                decode_remaining_tokens: 0,
+                min_tpot_slo_ms: 0.0,
             })
             .collect(),
     })
