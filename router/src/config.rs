@@ -13,7 +13,10 @@ use headroom_predictor::PredictorConfig;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{PolicyName, baselines::PrefixAffinity, slo::SloConfig};
+use crate::{
+    mesh::MeshSettings,
+    policy::{PolicyName, baselines::PrefixAffinity, slo::SloConfig},
+};
 
 /// Everything a router node needs to run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -52,6 +55,8 @@ pub struct RouterConfig {
     pub predictor_state: Option<PathBuf>,
     /// How often the trainer publishes a new predictor snapshot (ms).
     pub predictor_publish_ms: u64,
+    /// The mesh (off unless `mesh.listen` is set).
+    pub mesh: MeshSettings,
 }
 
 impl Default for RouterConfig {
@@ -75,6 +80,7 @@ impl Default for RouterConfig {
             predictor: PredictorConfig::default(),
             predictor_state: None,
             predictor_publish_ms: 100,
+            mesh: MeshSettings::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod decide;
 pub mod error;
 pub mod fleet;
 pub mod ledger;
+pub mod mesh;
 pub mod metrics;
 pub mod node;
 pub mod policy;

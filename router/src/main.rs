@@ -29,9 +29,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a router node.
-    Serve(ServeArgs),
-    /// Start a local deployment on loopback: emulated replicas and a router.
+    Serve(Box<ServeArgs>),
+    /// Start a local deployment on loopback: emulated replicas and router nodes.
     Up(UpArgs),
+    /// Write a development CA and node certificates for the mesh's mutual TLS.
+    Certs(CertsArgs),
+}
+
+#[derive(Args)]
+struct CertsArgs {
+    /// Output directory (created); an existing `ca.key` there is reused.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Node ids (repeatable).
+    #[arg(long = "node", required = true)]
+    nodes: Vec<String>,
 }
 
 #[derive(Args)]
@@ -57,6 +69,24 @@ struct ServeArgs {
     /// Seed for the node's random choices.
     #[arg(long)]
     seed: Option<u64>,
+    /// Join the mesh: gossip (QUIC) listen address.
+    #[arg(long)]
+    gossip_listen: Option<SocketAddr>,
+    /// Address peers should use to reach this node's gossip.
+    #[arg(long)]
+    gossip_advertise: Option<SocketAddr>,
+    /// A mesh seed `host:port` (repeatable; a DNS name resolving to every router works).
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// Directory with the cluster CA and this node's certificate (`headroom certs`).
+    #[arg(long)]
+    gossip_tls_dir: Option<PathBuf>,
+    /// This node's region.
+    #[arg(long)]
+    region: Option<String>,
+    /// Seeds of other regions (summaries and predictor federation only).
+    #[arg(long = "remote-region-peer")]
+    remote_region_peers: Vec<String>,
 }
 
 #[derive(Args)]
@@ -107,6 +137,20 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
     if let Some(s) = a.seed {
         cfg.seed = s;
     }
+    if a.gossip_listen.is_some() {
+        cfg.mesh.listen = a.gossip_listen;
+    }
+    if a.gossip_advertise.is_some() {
+        cfg.mesh.advertise = a.gossip_advertise;
+    }
+    cfg.mesh.peers.extend(a.peers);
+    cfg.mesh.remote_region_peers.extend(a.remote_region_peers);
+    if a.gossip_tls_dir.is_some() {
+        cfg.mesh.tls_dir = a.gossip_tls_dir;
+    }
+    if let Some(r) = a.region {
+        cfg.mesh.region = r;
+    }
     for t in a.tokenizers {
         let (model, tok) = t.split_once('=').context("--tokenizer wants MODEL=NAME")?;
         cfg.models.push(ModelConfig {
@@ -128,7 +172,13 @@ async fn serve(cfg: RouterConfig) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let mesh_on = cfg.mesh.listen.is_some();
     let node = Node::start(cfg, cancel.child_token())?;
+    if mesh_on {
+        let rt = headroom::mesh::MeshRuntime::start(node.clone(), cancel.child_token()).await?;
+        node.fleet.set_share(rt.clone());
+        let _ = node.mesh.set(rt);
+    }
     let stop = cancel.clone();
     tokio::spawn(async move {
         let mut term =
@@ -148,7 +198,11 @@ async fn serve(cfg: RouterConfig) -> anyhow::Result<()> {
         stop.cancel();
     });
     headroom::server::serve(node.clone(), listener, cancel.clone()).await?;
+    if let Some(rt) = node.mesh.get().cloned() {
+        rt.shutdown().await;
+    }
     node.fleet.shutdown().await;
+    node.trainer.shutdown();
     Ok(())
 }
 
@@ -162,7 +216,16 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.cmd {
-        Cmd::Serve(a) => serve(serve_config(a)?).await,
+        Cmd::Serve(a) => serve(serve_config(*a)?).await,
+        Cmd::Certs(a) => {
+            let nodes: Vec<&str> = a.nodes.iter().map(String::as_str).collect();
+            let report = headroom_gossip::write_dev_certs(&a.dir, &nodes)?;
+            println!(
+                "wrote development certificates to {}: {report:?}",
+                a.dir.display()
+            );
+            Ok(())
+        }
         Cmd::Up(a) => {
             let fleet = if a.profiles.is_empty() {
                 up::default_fleet()

@@ -31,6 +31,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     pub tenants: Tenants,
     pub trainer: Arc<Trainer>,
+    /// The mesh, once joined.
+    pub mesh: std::sync::OnceLock<Arc<crate::mesh::MeshRuntime>>,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: std::sync::atomic::AtomicUsize,
     tokenizers: HashMap<String, Tokenizer>,
@@ -65,6 +67,7 @@ impl Node {
         let policy = build_policy(cfg.policy, &trainer, &cfg)?;
         Ok(Arc::new(Node {
             trainer,
+            mesh: Default::default(),
             deferred: Default::default(),
             tenants: Tenants::new(&cfg.tenants),
             cfg,

@@ -212,6 +212,9 @@ async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
 }
 
 async fn debug_cluster(State(node): State<Arc<Node>>) -> Json<Value> {
+    if let Some(m) = node.mesh.get() {
+        return Json(m.cluster_json().await);
+    }
     Json(json!({
         "node_id": node.cfg.node_id(),
         "members": [{ "node_id": node.cfg.node_id(), "live": true, "self": true, "age_s": 0.0, "keys": [] }],

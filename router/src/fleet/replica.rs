@@ -85,7 +85,8 @@ impl Replica {
         Ok(Self {
             id,
             base,
-            key: key_of(&name),
+            // Keyed by URL: every node names the same replica the same way.
+            key: key_of(&url),
             class_key: key_of(&class),
             url,
             name,

@@ -13,6 +13,14 @@ use crate::{clock, config::DnsDiscovery, config::ReplicaConfig, upstream};
 const METRICS_MAX_BYTES: usize = 4 << 20;
 const MODELS_MAX_BYTES: usize = 1 << 20;
 
+/// How scraping is shared with other router nodes (the mesh implements it).
+pub trait ScrapeShare: Send + Sync {
+    /// Whether this node should scrape `replica` now (it is one of its owners).
+    fn should_scrape(&self, replica: &Replica) -> bool;
+    /// A scrape this node made, for its peers.
+    fn scraped(&self, replica: &Arc<Replica>, s: &Arc<super::Scraped>);
+}
+
 pub fn spawn_replica_tasks(
     fleet: Arc<Fleet>,
     replica: Arc<Replica>,
@@ -39,6 +47,14 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
     let period = Duration::from_millis(cfg.interval_ms);
     let timeout = Duration::from_millis(cfg.timeout_ms);
     loop {
+        let share = fleet.share();
+        if share.as_ref().is_some_and(|s| !s.should_scrape(&r)) {
+            // Another node owns this replica's scrape; its result arrives by gossip.
+            if !pause(period, &token).await {
+                return;
+            }
+            continue;
+        }
         let result = upstream::get(
             &fleet.client,
             &r.base,
@@ -59,7 +75,11 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
                                 .metrics
                                 .scrape_rejected_values(&r.name, s.rejected_values);
                         }
-                        r.scraped.store(Some(Arc::new(s)));
+                        let s = Arc::new(s);
+                        r.scraped.store(Some(s.clone()));
+                        if let Some(share) = &share {
+                            share.scraped(&r, &s);
+                        }
                     }
                     Err(e) => {
                         fleet.metrics.scrape_error(&r.name, "parse");

@@ -39,6 +39,7 @@ pub struct Fleet {
     pub prefix: Arc<PrefixIndex>,
     cancel: CancellationToken,
     tracker: TaskTracker,
+    share: parking_lot::RwLock<Option<Arc<dyn tasks::ScrapeShare>>>,
 }
 
 impl Fleet {
@@ -59,6 +60,7 @@ impl Fleet {
             prefix,
             cancel,
             tracker: TaskTracker::new(),
+            share: parking_lot::RwLock::new(None),
         })
     }
 
@@ -112,6 +114,16 @@ impl Fleet {
             .filter(|r| origins.get(&r.id).map(|(o, _)| *o) == Some(origin))
             .map(|r| (r.url.clone(), r.id))
             .collect()
+    }
+
+    /// Shares scraping with peers from now on.
+    pub fn set_share(&self, share: Arc<dyn tasks::ScrapeShare>) {
+        *self.share.write() = Some(share);
+    }
+
+    /// The scrape sharing in force, if any.
+    pub fn share(&self) -> Option<Arc<dyn tasks::ScrapeShare>> {
+        self.share.read().clone()
     }
 
     /// Starts DNS discovery if configured.

@@ -1,0 +1,632 @@
+//! This node in the mesh: what it shares with its peers and how it folds their state
+//! into its own view.
+//!
+//! Shared, each with a TTL so a dead node's state expires:
+//! - in-flight placements per replica: QUIC datagrams on change (rate-limited, with a
+//!   heartbeat) and the reliable gossip key `inflight`;
+//! - scraped replica state: each replica is scraped by `scrape_owners` nodes chosen
+//!   by rendezvous hashing over the region's live members and published as
+//!   `scrape/<replica>`, so scrape load stays flat as nodes are added;
+//! - prefix-index deltas per replica (`prefix/<replica>`, bounded);
+//! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer;
+//! - membership and liveness from chitchat's failure detector.
+//!
+//! Nothing here is on the request path except `note_prefix`, a non-blocking send.
+
+mod owners;
+mod peers;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::Duration,
+};
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use headroom_gossip::{
+    Mesh, MeshConfig, MeshEvent, Scope, TlsIdentity, keys,
+    wire::{
+        self, InflightVector, NodeInfo, PredictorSlot, PrefixDelta, ReplicaScrape, StatBlock,
+        WireValue,
+    },
+};
+use headroom_predictor::{FederationSlot, StatsBlock};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+pub use owners::Owners;
+pub use peers::PeerTable;
+
+use crate::{
+    clock,
+    fleet::{EngineKind, Replica, Scraped, tasks::ScrapeShare},
+    node::Node,
+    prefix::Cursor,
+};
+
+/// Mesh settings (`[mesh]`); the mesh is off unless `listen` is set.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshSettings {
+    /// UDP address for gossip (QUIC).
+    pub listen: Option<std::net::SocketAddr>,
+    /// Address peers should use, if not `listen`.
+    pub advertise: Option<std::net::SocketAddr>,
+    /// Seeds: `host:port` (a DNS name resolving to every router works).
+    pub peers: Vec<String>,
+    /// Directory with `ca.pem`, `<node>.pem`, `<node>.key` (see `headroom certs`).
+    pub tls_dir: Option<PathBuf>,
+    pub region: String,
+    pub cluster_id: String,
+    /// Seeds in other regions (summaries and predictor federation only).
+    pub remote_region_peers: Vec<String>,
+    pub gossip_interval_ms: u64,
+    /// How often this node's in-flight vector is checked for changes.
+    pub inflight_interval_ms: u64,
+    /// Resend the in-flight vector at least this often even if unchanged.
+    pub heartbeat_ms: u64,
+    /// Peers' reports older than this count as nothing.
+    pub peer_ttl_ms: u64,
+    /// Nodes that scrape each replica.
+    pub scrape_owners: usize,
+    pub prefix_interval_ms: u64,
+    pub predictor_interval_ms: u64,
+    /// Use QUIC datagrams for in-flight updates (else gossip only).
+    pub datagrams: bool,
+}
+
+impl Default for MeshSettings {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            advertise: None,
+            peers: Vec::new(),
+            tls_dir: None,
+            region: "local".into(),
+            cluster_id: "headroom".into(),
+            remote_region_peers: Vec::new(),
+            gossip_interval_ms: 100,
+            inflight_interval_ms: 20,
+            heartbeat_ms: 1_000,
+            peer_ttl_ms: 3_000,
+            scrape_owners: 2,
+            prefix_interval_ms: 250,
+            predictor_interval_ms: 2_000,
+            datagrams: true,
+        }
+    }
+}
+
+/// Loads per datagram (each ≈ 40 bytes; a datagram carries ≈ 1.1 KB).
+const LOADS_PER_DATAGRAM: usize = 24;
+/// Blocks of one request's chain shared with peers (its head is what matches).
+const PREFIX_BLOCKS_PER_REQUEST: usize = 128;
+
+pub struct MeshRuntime {
+    /// Taken out at shutdown (the gossip handle shuts down by value).
+    mesh_slot: arc_swap::ArcSwapOption<Mesh>,
+    node_id: String,
+    addr: std::net::SocketAddr,
+    node: Arc<Node>,
+    settings: MeshSettings,
+    peers: Mutex<PeerTable>,
+    owners: ArcSwap<Owners>,
+    prefix_tx: crossbeam_channel::Sender<(u64, Vec<u64>)>,
+    prefix_rx: crossbeam_channel::Receiver<(u64, Vec<u64>)>,
+    scrape_tx: tokio::sync::mpsc::Sender<(Arc<Replica>, Arc<Scraped>)>,
+    seq: AtomicU64,
+    pub published: AtomicU64,
+    pub ingested: AtomicU64,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+fn to_stat(b: &StatsBlock) -> StatBlock {
+    StatBlock {
+        group: b.group,
+        target: b.target,
+        dim: b.dim,
+        a_upper: b.a_upper.clone(),
+        b: b.b.clone(),
+        sum_w: b.sum_w,
+        sum_wyy: b.sum_wyy,
+        n: b.n,
+        landmark_s: b.landmark_s,
+    }
+}
+
+fn from_stat(b: &StatBlock) -> StatsBlock {
+    StatsBlock {
+        group: b.group,
+        target: b.target,
+        dim: b.dim,
+        a_upper: b.a_upper.clone(),
+        b: b.b.clone(),
+        sum_w: b.sum_w,
+        sum_wyy: b.sum_wyy,
+        n: b.n,
+        landmark_s: b.landmark_s,
+    }
+}
+
+fn scrape_to_wire(r: &Replica, s: &Scraped) -> ReplicaScrape {
+    let age_ms = ((clock::now_s() - s.at_s).max(0.0) * 1e3) as u64;
+    ReplicaScrape {
+        replica: r.key,
+        url: r.url.clone(),
+        running: s.running as u32,
+        waiting: s.waiting as u32,
+        kv_usage: s.kv_usage.unwrap_or(0.0) as f32,
+        num_gpu_blocks: s.num_gpu_blocks.unwrap_or(0),
+        block_size: s.block_size.unwrap_or(0),
+        prefix_hits: s.prefix_hits as u64,
+        prefix_queries: s.prefix_queries as u64,
+        preemptions: s.preemptions as u64,
+        scraped_at_ms: clock::unix_ms().saturating_sub(age_ms),
+        healthy: r.health.routable(),
+    }
+}
+
+fn scrape_from_wire(w: &ReplicaScrape, age: Duration, prev: Option<&Scraped>) -> Scraped {
+    let at_s = clock::now_s() - age.as_secs_f64();
+    let preemptions = w.preemptions as f64;
+    let preemption_rate = match prev {
+        Some(p) if at_s > p.at_s && preemptions >= p.preemptions => {
+            (preemptions - p.preemptions) / (at_s - p.at_s)
+        }
+        _ => 0.0,
+    };
+    Scraped {
+        at_s,
+        engine: EngineKind::Vllm,
+        running: w.running as f64,
+        waiting: w.waiting as f64,
+        kv_usage: Some((w.kv_usage as f64).clamp(0.0, 1.0)),
+        num_gpu_blocks: (w.num_gpu_blocks > 0).then_some(w.num_gpu_blocks),
+        block_size: (w.block_size > 0).then_some(w.block_size),
+        prefix_queries: w.prefix_queries as f64,
+        prefix_hits: w.prefix_hits as f64,
+        preemptions,
+        preemption_rate,
+        rejected_values: 0,
+    }
+}
+
+impl ScrapeShare for MeshRuntime {
+    fn should_scrape(&self, replica: &Replica) -> bool {
+        self.owners.load().owns(replica.key)
+    }
+    fn scraped(&self, replica: &Arc<Replica>, s: &Arc<Scraped>) {
+        let _ = self.scrape_tx.try_send((replica.clone(), s.clone()));
+    }
+}
+
+impl MeshRuntime {
+    /// Joins the mesh and starts sharing. The node's id names its certificate.
+    pub async fn start(
+        node: Arc<Node>,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Arc<MeshRuntime>> {
+        let s = node.cfg.mesh.clone();
+        let listen = s.listen.context("mesh.listen is not set")?;
+        let node_id = node.cfg.node_id();
+        let dir = s
+            .tls_dir
+            .clone()
+            .context("the mesh needs --gossip-tls-dir (see `headroom certs`)")?;
+        let tls = TlsIdentity::load(&dir, &node_id)
+            .with_context(|| format!("loading TLS identity `{node_id}` from {}", dir.display()))?;
+        let mut cfg = MeshConfig::new(node_id.clone(), s.region.clone(), listen, tls)
+            .with_gossip_interval(Duration::from_millis(s.gossip_interval_ms.max(10)));
+        cfg.cluster_id = s.cluster_id.clone();
+        cfg.advertise_addr = s.advertise;
+        cfg.seeds = s.peers.clone();
+        cfg.cross_region.remote_seeds = s.remote_region_peers.clone();
+        cfg.value_ttl = Duration::from_millis(s.peer_ttl_ms.max(1_000) * 3);
+        cfg.max_value_bytes = 32 * 1024;
+        let mesh = Mesh::start(cfg).await.context("starting the mesh")?;
+        let (prefix_tx, prefix_rx) = crossbeam_channel::bounded(4096);
+        let (scrape_tx, scrape_rx) = tokio::sync::mpsc::channel(1024);
+        let rt = Arc::new(MeshRuntime {
+            owners: ArcSwap::from_pointee(Owners::new(&node_id, vec![], s.scrape_owners)),
+            addr: mesh.addr(),
+            mesh_slot: arc_swap::ArcSwapOption::from_pointee(mesh),
+            node_id: node_id.clone(),
+            node: node.clone(),
+            settings: s,
+            peers: Mutex::new(PeerTable::default()),
+            prefix_tx,
+            prefix_rx,
+            scrape_tx,
+            seq: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            ingested: AtomicU64::new(0),
+            cancel,
+            tracker: TaskTracker::new(),
+        });
+        let info = WireValue::NodeInfo(NodeInfo {
+            region: rt.settings.region.clone(),
+            http_addr: node.cfg.listen.to_string(),
+            started_at_ms: clock::unix_ms(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        });
+        rt.mesh()
+            .context("mesh closed")?
+            .publish(&keys::node_info(), &info)
+            .await
+            .context("publishing node info")?;
+        rt.tracker.spawn(rt.clone().ingest_loop());
+        rt.tracker.spawn(rt.clone().inflight_loop());
+        rt.tracker.spawn(rt.clone().housekeeping_loop());
+        rt.tracker.spawn(rt.clone().scrape_loop(scrape_rx));
+        rt.tracker.spawn(rt.clone().prefix_loop());
+        rt.tracker.spawn(rt.clone().predictor_loop());
+        tracing::info!(node = %node_id, addr = %rt.addr, region = %rt.settings.region, "joined the mesh");
+        Ok(rt)
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// The gossip handle, until shutdown.
+    fn mesh(&self) -> Option<Arc<Mesh>> {
+        self.mesh_slot.load_full()
+    }
+
+    /// Records that this node sent `blocks` to a replica (non-blocking; dropped if full).
+    pub fn note_prefix(&self, replica: u64, blocks: &[u64]) {
+        if blocks.is_empty() {
+            return;
+        }
+        let head = blocks[..blocks.len().min(PREFIX_BLOCKS_PER_REQUEST)].to_vec();
+        let _ = self.prefix_tx.try_send((replica, head));
+    }
+
+    /// Leaves the mesh: every task stops, then the gossip endpoint closes.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        let Some(mut m) = self.mesh_slot.swap(None) else {
+            return;
+        };
+        // A debug read may briefly hold the handle; wait it out.
+        for _ in 0..50 {
+            match Arc::try_unwrap(m) {
+                Ok(mesh) => return mesh.shutdown().await,
+                Err(back) => m = back,
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::warn!("gossip handle still in use at shutdown; it closes when dropped");
+    }
+
+    fn replicas_by_key(&self) -> HashMap<u64, Arc<Replica>> {
+        self.node
+            .fleet
+            .replicas()
+            .iter()
+            .map(|r| (r.key, r.clone()))
+            .collect()
+    }
+
+    async fn tick(&self, every: Duration) -> bool {
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = tokio::time::sleep(every) => true,
+        }
+    }
+
+    /// Publishes this node's in-flight vector: datagrams on change (and as a
+    /// heartbeat), the gossip key at most every heartbeat/2.
+    async fn inflight_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.settings.inflight_interval_ms.max(5));
+        let heartbeat = self.settings.heartbeat_ms as f64 / 1e3;
+        let mut last: Vec<wire::ReplicaLoad> = Vec::new();
+        let (mut last_dgram, mut last_gossip) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+        while self.tick(every).await {
+            let now = clock::now_s();
+            let loads: Vec<wire::ReplicaLoad> = self
+                .node
+                .fleet
+                .replicas()
+                .iter()
+                .map(|r| peers::to_wire(r.key, &r.ledger.load(now)))
+                .collect();
+            // Inflow rates drift continuously; compare only the counts.
+            let same = loads.len() == last.len()
+                && loads.iter().zip(&last).all(|(a, b)| {
+                    (
+                        a.replica,
+                        a.requests,
+                        a.queued_prefill_tokens,
+                        a.decoding_requests,
+                        a.decode_remaining_tokens,
+                    ) == (
+                        b.replica,
+                        b.requests,
+                        b.queued_prefill_tokens,
+                        b.decoding_requests,
+                        b.decode_remaining_tokens,
+                    )
+                });
+            let due = now - last_dgram >= heartbeat;
+            if same && !due {
+                continue;
+            }
+            let Some(mesh) = self.mesh() else { return };
+            let seq = self.seq.fetch_add(1, Relaxed) + 1;
+            let at_ms = clock::unix_ms();
+            if self.settings.datagrams {
+                for chunk in loads.chunks(LOADS_PER_DATAGRAM) {
+                    let v = WireValue::Inflight(InflightVector {
+                        seq,
+                        at_ms,
+                        loads: chunk.to_vec(),
+                    });
+                    if let Err(e) = mesh.broadcast_datagram(&v) {
+                        tracing::debug!("in-flight datagram not sent: {e}");
+                    }
+                }
+            }
+            last_dgram = now;
+            if now - last_gossip >= heartbeat / 2.0 || !self.settings.datagrams {
+                let v = WireValue::Inflight(InflightVector {
+                    seq,
+                    at_ms,
+                    loads: loads.clone(),
+                });
+                if let Err(e) = mesh.publish(&keys::inflight(), &v).await {
+                    tracing::debug!("in-flight vector not published: {e}");
+                }
+                last_gossip = now;
+            }
+            self.published.fetch_add(1, Relaxed);
+            last = loads;
+        }
+    }
+
+    /// Expires stale peer reports and recomputes scrape ownership.
+    async fn housekeeping_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(250);
+        let ttl = self.settings.peer_ttl_ms as f64 / 1e3;
+        while self.tick(every).await {
+            let now = clock::now_s();
+            {
+                let mut p = self.peers.lock();
+                p.expire(now, ttl);
+                p.publish(&self.node.fleet.replicas(), now);
+            }
+            let Some(mesh) = self.mesh() else { return };
+            let members: Vec<String> = mesh
+                .members()
+                .await
+                .into_iter()
+                .filter(|m| m.live && m.scope == Scope::Region)
+                .map(|m| m.node_id.to_string())
+                .collect();
+            let next = Owners::new(self.node_id(), members, self.settings.scrape_owners);
+            if next.members != self.owners.load().members {
+                tracing::info!(members = next.members.len(), "scrape ownership recomputed");
+                self.owners.store(Arc::new(next));
+            }
+        }
+    }
+
+    /// Publishes scrapes this node made as an owner.
+    async fn scrape_loop(
+        self: Arc<Self>,
+        mut rx: tokio::sync::mpsc::Receiver<(Arc<Replica>, Arc<Scraped>)>,
+    ) {
+        loop {
+            let got = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                g = rx.recv() => g,
+            };
+            let Some((r, s)) = got else { return };
+            let v = WireValue::Scrape(scrape_to_wire(&r, &s));
+            let Some(mesh) = self.mesh() else { return };
+            if let Err(e) = mesh.publish(&keys::scrape(r.key), &v).await {
+                tracing::debug!("scrape not published: {e}");
+            }
+        }
+    }
+
+    /// Publishes recent prefix chains per replica (newest first, bounded).
+    async fn prefix_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.settings.prefix_interval_ms.max(10));
+        while self.tick(every).await {
+            let mut per: HashMap<u64, Vec<Vec<u64>>> = HashMap::new();
+            while let Ok((k, chain)) = self.prefix_rx.try_recv() {
+                per.entry(k).or_default().push(chain);
+            }
+            for (k, chains) in per {
+                let mut hashes = Vec::new();
+                for c in chains.iter().rev() {
+                    let room = wire::PREFIX_DELTA_CAP - hashes.len();
+                    hashes.extend_from_slice(&c[..c.len().min(room)]);
+                    if hashes.len() >= wire::PREFIX_DELTA_CAP {
+                        break;
+                    }
+                }
+                let v = WireValue::Prefix(PrefixDelta { replica: k, hashes });
+                let Some(mesh) = self.mesh() else { return };
+                if let Err(e) = mesh.publish(&keys::prefix(k), &v).await {
+                    tracing::debug!("prefix delta not published: {e}");
+                }
+            }
+        }
+    }
+
+    /// Shares the predictor's statistics across nodes and regions.
+    async fn predictor_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.settings.predictor_interval_ms.max(100));
+        while self.tick(every).await {
+            let trainer = self.node.trainer.clone();
+            let Ok(Some(slot)) = tokio::task::spawn_blocking(move || trainer.export_slot()).await
+            else {
+                continue;
+            };
+            let blocks: Vec<StatBlock> = slot.to_blocks().iter().map(to_stat).collect();
+            if blocks.len() > wire::MAX_STAT_BLOCKS {
+                tracing::debug!(blocks = blocks.len(), "predictor slot too large to share");
+                continue;
+            }
+            let v = WireValue::Predictor(PredictorSlot { blocks });
+            let Some(mesh) = self.mesh() else { return };
+            if let Err(e) = mesh.publish_global(&keys::predictor(0), &v).await {
+                tracing::debug!("predictor slot not published: {e}");
+            }
+        }
+    }
+
+    /// Folds peers' values into this node's view.
+    async fn ingest_loop(self: Arc<Self>) {
+        let Some(mut rx) = self.mesh().map(|m| m.subscribe()) else {
+            return;
+        };
+        loop {
+            let ev = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                e = rx.recv() => e,
+            };
+            let Some(ev) = ev else { return };
+            self.ingested.fetch_add(1, Relaxed);
+            self.ingest(ev);
+        }
+    }
+
+    fn ingest(&self, ev: MeshEvent) {
+        let now = clock::now_s();
+        match ev {
+            MeshEvent::Datagram {
+                node,
+                value: WireValue::Inflight(v),
+                age,
+            }
+            | MeshEvent::Value {
+                node,
+                value: WireValue::Inflight(v),
+                age,
+                ..
+            } => {
+                let mut p = self.peers.lock();
+                if p.update(&node, &v, now, age.as_secs_f64()) {
+                    p.publish(&self.node.fleet.replicas(), now);
+                }
+            }
+            MeshEvent::Value {
+                value: WireValue::Scrape(w),
+                age,
+                ..
+            } => {
+                if let Some(r) = self.replicas_by_key().get(&w.replica) {
+                    let prev = r.scraped.load_full();
+                    let s = scrape_from_wire(&w, age, prev.as_deref());
+                    if prev.as_ref().is_none_or(|p| s.at_s > p.at_s) {
+                        r.scraped.store(Some(Arc::new(s)));
+                    }
+                }
+            }
+            MeshEvent::Value {
+                value: WireValue::Prefix(d),
+                ..
+            } => {
+                if let Some(r) = self.replicas_by_key().get(&d.replica) {
+                    let idx = &self.node.prefix;
+                    let cursor = Cursor {
+                        replica: r.id,
+                        seq: r.prefix_cursor.load(Relaxed),
+                        capacity: r.kv_capacity_tokens().map_or(u64::MAX, |t| {
+                            (t / self.node.cfg.prefix.block_tokens.max(1) as u64).max(1)
+                        }),
+                    };
+                    let mut matched = [0u32];
+                    idx.match_lengths(&d.hashes, &[cursor], &mut matched);
+                    idx.record(&r.prefix_cursor, r.id, &d.hashes, matched[0] as usize);
+                }
+            }
+            MeshEvent::Value {
+                node,
+                value: WireValue::Predictor(slot),
+                ..
+            } => {
+                let rows: Vec<StatsBlock> = slot.blocks.iter().map(from_stat).collect();
+                match FederationSlot::from_blocks(&node, &rows) {
+                    Ok(s) => self.node.trainer.merge_peer(s),
+                    Err(e) => tracing::debug!(peer = %node, "predictor slot refused: {e}"),
+                }
+            }
+            MeshEvent::ValueRemoved { node, key, .. } if key == keys::inflight() => {
+                let mut p = self.peers.lock();
+                if p.remove(&node) {
+                    p.publish(&self.node.fleet.replicas(), now);
+                }
+            }
+            MeshEvent::MemberLeft { node, scope } => {
+                if scope == Scope::Region {
+                    let mut p = self.peers.lock();
+                    if p.remove(&node) {
+                        p.publish(&self.node.fleet.replicas(), now);
+                    }
+                }
+                self.node.trainer.forget_peer(&node);
+            }
+            _ => {}
+        }
+    }
+
+    /// `/debug/cluster`.
+    pub async fn cluster_json(&self) -> serde_json::Value {
+        let now = clock::now_s();
+        let peers: HashMap<String, (usize, f64)> = self
+            .peers
+            .lock()
+            .peers()
+            .into_iter()
+            .map(|(p, n, at)| (p.to_string(), (n, now - at)))
+            .collect();
+        let Some(mesh) = self.mesh() else {
+            return serde_json::json!({ "node_id": self.node_id(), "members": [], "closed": true });
+        };
+        let members: Vec<serde_json::Value> = mesh
+            .members()
+            .await
+            .into_iter()
+            .map(|m| {
+                let inflight = peers.get(m.node_id.as_ref());
+                serde_json::json!({
+                    "node_id": m.node_id.as_ref(),
+                    "live": m.live,
+                    "self": m.is_self,
+                    "scope": if m.scope == Scope::Region { "region" } else { "global" },
+                    "region": m.region,
+                    "addr": m.addr.to_string(),
+                    "age_s": m.last_seen_age.as_secs_f64(),
+                    "keys": m.keys,
+                    "inflight_replicas": inflight.map(|x| x.0),
+                    "inflight_age_s": inflight.map(|x| x.1),
+                })
+            })
+            .collect();
+        let owners = self.owners.load();
+        let st = mesh.stats();
+        serde_json::json!({
+            "node_id": self.node_id(),
+            "region": self.settings.region,
+            "gossip_addr": self.addr.to_string(),
+            "members": members,
+            "scrape_owners": { "k": owners.k, "members": owners.members },
+            "published_vectors": self.published.load(Relaxed),
+            "ingested_events": self.ingested.load(Relaxed),
+            "stats": format!("{st:?}"),
+        })
+    }
+}
