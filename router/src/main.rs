@@ -107,6 +107,12 @@ struct UpArgs {
     time_scale: f64,
     #[arg(long, default_value = "slo")]
     policy: PolicyName,
+    /// Router nodes; more than one forms a mesh (QUIC gossip, development certificates).
+    #[arg(long, default_value_t = 1)]
+    nodes: u16,
+    /// First gossip (UDP) port of the mesh.
+    #[arg(long, default_value_t = 7946)]
+    gossip_base_port: u16,
 }
 
 fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
@@ -245,6 +251,8 @@ async fn main() -> anyhow::Result<()> {
                 replica_base_port: a.replica_base_port,
                 time_scale: a.time_scale,
                 policy: a.policy.to_string(),
+                nodes: a.nodes,
+                gossip_base_port: a.gossip_base_port,
                 serve_args: Vec::new(),
             })
             .await

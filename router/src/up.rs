@@ -43,6 +43,11 @@ pub struct UpOptions {
     pub replica_base_port: u16,
     pub time_scale: f64,
     pub policy: String,
+    /// Router nodes (ports `router_port`, `router_port + 1`, …); more than one forms a
+    /// mesh with development certificates.
+    pub nodes: u16,
+    /// First gossip (UDP) port for the mesh.
+    pub gossip_base_port: u16,
     /// Extra arguments for every `headroom serve`.
     pub serve_args: Vec<String>,
 }
@@ -126,26 +131,58 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("replica {} ({})", addr, r.profile))?;
     }
-    let router_addr: SocketAddr = ([127, 0, 0, 1], opts.router_port).into();
-    let mut args = vec![
-        "serve".into(),
-        "--listen".into(),
-        router_addr.to_string(),
-        "--policy".into(),
-        opts.policy.clone(),
-        "--tokenizer".into(),
-        format!("{}=cl100k", opts.model),
-    ];
-    for f in &replica_flags {
-        args.push("--replica".into());
-        args.push(f.clone());
+    let nodes = opts.nodes.max(1);
+    let cert_dir = std::env::temp_dir().join(format!("headroom-up-{}", std::process::id()));
+    if nodes > 1 {
+        let ids: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        headroom_gossip::write_dev_certs(&cert_dir, &refs)
+            .context("writing development certificates")?;
     }
-    args.extend(opts.serve_args.iter().cloned());
-    children.push((
-        format!("router {router_addr}"),
-        spawn(&me, &args, "headroom serve")?,
-    ));
-    wait_healthy(router_addr, Duration::from_secs(30)).await?;
+    let mut routers = Vec::new();
+    for i in 0..nodes {
+        let addr: SocketAddr = ([127, 0, 0, 1], opts.router_port + i).into();
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--listen".into(),
+            addr.to_string(),
+            "--policy".into(),
+            opts.policy.clone(),
+            "--tokenizer".into(),
+            format!("{}=cl100k", opts.model),
+            "--node-id".into(),
+            format!("node-{i}"),
+        ];
+        for f in &replica_flags {
+            args.push("--replica".into());
+            args.push(f.clone());
+        }
+        if nodes > 1 {
+            let gossip: SocketAddr = ([127, 0, 0, 1], opts.gossip_base_port + i).into();
+            args.extend([
+                "--gossip-listen".into(),
+                gossip.to_string(),
+                "--gossip-tls-dir".into(),
+                cert_dir.display().to_string(),
+            ]);
+            for j in (0..nodes).filter(|&j| j != i) {
+                args.extend([
+                    "--peer".into(),
+                    format!("127.0.0.1:{}", opts.gossip_base_port + j),
+                ]);
+            }
+        }
+        args.extend(opts.serve_args.iter().cloned());
+        children.push((
+            format!("router {addr}"),
+            spawn(&me, &args, "headroom serve")?,
+        ));
+        routers.push(addr);
+    }
+    for a in &routers {
+        wait_healthy(*a, Duration::from_secs(30)).await?;
+    }
+    let router_addr = routers[0];
 
     println!(
         "\nHeadroom is up: {} replicas of `{}` behind a router (policy {}).",
@@ -153,7 +190,15 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         opts.model,
         opts.policy
     );
-    println!("  OpenAI endpoint: http://{router_addr}/v1");
+    for a in &routers {
+        println!("  OpenAI endpoint: http://{a}/v1");
+    }
+    if nodes > 1 {
+        println!(
+            "  Mesh:            http://{router_addr}/debug/cluster (certificates in {})",
+            cert_dir.display()
+        );
+    }
     println!("  Metrics:         http://{router_addr}/metrics");
     println!("  Replicas:        http://{router_addr}/debug/replicas");
     println!(
@@ -180,6 +225,9 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     };
     println!("\nStopping ({why}) …");
     stop_all(&mut children).await;
+    if nodes > 1 {
+        let _ = std::fs::remove_dir_all(&cert_dir);
+    }
     Ok(())
 }
 
