@@ -62,8 +62,14 @@ struct SimArgs {
     /// Share in-flight placements between router nodes (the mesh).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     mesh: bool,
+    /// How often each node publishes its in-flight vector (ms).
+    #[arg(long, default_value_t = 20.0)]
+    gossip_interval_ms: f64,
+    /// Pin each tenant's requests to one router node.
+    #[arg(long)]
+    pin_tenants: bool,
     /// Gossip delay between nodes (ms).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 2.0)]
     gossip_delay_ms: f64,
     /// Metric scrape interval (ms).
     #[arg(long, default_value_t = 100.0)]
@@ -108,7 +114,9 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         fleet,
         routers: a.routers,
         mesh: a.mesh,
+        pin_tenants: a.pin_tenants,
         gossip_delay_s: a.gossip_delay_ms / 1e3,
+        gossip_interval_s: a.gossip_interval_ms / 1e3,
         scrape_interval_s: a.scrape_ms / 1e3,
         step_noise: a.step_noise,
         seed: a.seed,
@@ -189,6 +197,11 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     settings.insert("fleet".into(), a.fleet.clone());
     settings.insert("routers".into(), a.routers.to_string());
     settings.insert("mesh".into(), a.mesh.to_string());
+    settings.insert("pin_tenants".into(), a.pin_tenants.to_string());
+    settings.insert(
+        "gossip_interval_ms".into(),
+        a.gossip_interval_ms.to_string(),
+    );
     settings.insert("gossip_delay_ms".into(), a.gossip_delay_ms.to_string());
     settings.insert("scrape_ms".into(), a.scrape_ms.to_string());
     settings.insert("rate_scale".into(), a.rate_scale.to_string());

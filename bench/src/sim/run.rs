@@ -348,7 +348,12 @@ impl<'w> Simulator<'w> {
 
     fn arrive(&mut self, i: usize, t: f64) {
         self.arrivals_left -= 1;
-        let node = self.rng.random_range(0..self.nodes.len());
+        let node = match (&self.wl.requests[i].tenant, self.cfg.pin_tenants) {
+            (Some(t), true) => {
+                (xxhash_rust::xxh3::xxh3_64(t.as_bytes()) % self.nodes.len() as u64) as usize
+            }
+            _ => self.rng.random_range(0..self.nodes.len()),
+        };
         match self.prepare(i, node) {
             Some(p) => {
                 self.prepared[i] = Some(p);
