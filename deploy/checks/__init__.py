@@ -1,0 +1,1 @@
+"""Validation of deploy/: run through deploy/check.sh (python -m checks)."""
