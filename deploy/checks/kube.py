@@ -263,6 +263,11 @@ def _router_checks(wt, by_kind, repo):
     nps = list(by_kind.get("NetworkPolicy", {}).values())
     if not nps:
         errors.append("no NetworkPolicy guards the gossip port")
+    gossip_open = any(
+        p.get("protocol") == "UDP" and p.get("port") == gossip_port
+        for np in nps for rule in np["spec"].get("ingress", []) for p in rule.get("ports", []))
+    if nps and not gossip_open:
+        errors.append(f"NetworkPolicy blocks the mesh: no ingress rule admits UDP {gossip_port} between routers")
     for np in nps:
         if not _matches(np["spec"]["podSelector"].get("matchLabels", {}), t["metadata"]["labels"]):
             errors.append(f"NetworkPolicy/{np['metadata']['name']}: does not select the routers")
