@@ -34,7 +34,7 @@ else
                 rm -rf "$venv"
                 # Tell "cannot reach the registry" apart from a real install failure.
                 probe="$(mktemp -d)"
-                if python3 -m pip download --quiet --no-deps --disable-pip-version-check \
+                if python3 -m pip download --quiet --no-deps --disable-pip-version-check --retries 1 \
                         -d "$probe" PyYAML==6.0.3 >/dev/null 2>&1; then
                     rm -rf "$probe"
                     echo "deploy/check.sh: installing ${reqs} failed although the registry answers" >&2
