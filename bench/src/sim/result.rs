@@ -17,6 +17,9 @@ pub struct RequestRecord {
     pub output_tokens: u32,
     /// Prompt tokens the engine served from its prefix cache.
     pub cached_tokens: u32,
+    /// The router's estimate of that hit when it placed the request.
+    #[serde(default)]
+    pub est_cached_tokens: Option<u32>,
     /// Arrival → first token (None when rejected or never served).
     pub ttft_s: Option<f64>,
     /// (last − first) / (tokens − 1); None with fewer than 2 tokens.

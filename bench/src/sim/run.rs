@@ -640,6 +640,7 @@ impl<'w> Simulator<'w> {
             input_tokens: w.input_tokens,
             output_tokens,
             cached_tokens,
+            est_cached_tokens: Some(l.learn.obs.cached_tokens as u32),
             ttft_s: l.first_s.map(|f| f - arrival),
             tpot_s: tpot,
             e2e_s: Some(t - arrival),

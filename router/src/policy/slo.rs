@@ -42,6 +42,12 @@ pub struct SloConfig {
     pub cost_tolerance: f64,
     /// This node's previous pick stays among the equals up to this extra margin.
     pub hysteresis: f64,
+    /// Cost of a placement per unit of prompt share that must be prefilled (prefix
+    /// misses): rewards replicas that already hold the prompt's prefix.
+    pub cache_weight: f64,
+    /// Count the TPOT objectives a long prefill would break for requests already
+    /// decoding on a replica against placing it there.
+    pub interference_guard: bool,
     /// Probability of choosing uniformly among the feasible (unbiased learning data).
     pub explore: f64,
     /// Below this share of warm candidates the policy routes by load instead.
@@ -60,6 +66,8 @@ impl Default for SloConfig {
             near_equal: 0.03,
             cost_tolerance: 0.10,
             hysteresis: 0.03,
+            cache_weight: 0.5,
+            interference_guard: true,
             explore: 0.01,
             min_warm_fraction: 0.5,
             defer_poll_ms: 20,
@@ -109,6 +117,28 @@ pub fn evaluate(
     }
 }
 
+/// How much more likely a running request is to miss its TPOT objective `slo_ms` when
+/// every one of its remaining tokens takes `added_ms` longer. Running requests' TPOT
+/// is taken to follow this candidate's TPOT forecast (same batch, same engine).
+pub fn collateral_violations(p: &Prediction, added_ms: f64, slo_ms: f64) -> f64 {
+    if added_ms <= 0.0 || !added_ms.is_finite() {
+        return 0.0;
+    }
+    let before = Prediction {
+        tpot_median_ms: p.tpot_median_ms,
+        ..*p
+    }
+    .violation_probability(f64::INFINITY, slo_ms)
+    .1;
+    let after = Prediction {
+        tpot_median_ms: p.tpot_median_ms + added_ms,
+        ..*p
+    }
+    .violation_probability(f64::INFINITY, slo_ms)
+    .1;
+    (after - before).max(0.0)
+}
+
 /// Best-first order over evaluations: tier, then violation probability, then cost.
 pub fn order(evals: &[Eval], rng: &mut dyn rand::RngCore) -> Vec<usize> {
     let keys: Vec<f64> = evals
@@ -134,18 +164,22 @@ impl SloPolicy {
         }
     }
 
-    /// Chooses among feasible candidates (`tier == 0`), randomised among near-equals.
+    /// Chooses among the candidates of `tier` (0 = feasible), randomised among
+    /// near-equals.
     fn pick(
         &self,
         cands: &[Candidate<'_>],
         evals: &[Eval],
+        tier: u8,
         ctx: &mut DecideCtx<'_>,
     ) -> Option<usize> {
-        let feasible: Vec<usize> = (0..evals.len()).filter(|&i| evals[i].tier == 0).collect();
+        let feasible: Vec<usize> = (0..evals.len())
+            .filter(|&i| evals[i].tier == tier)
+            .collect();
         if feasible.is_empty() {
             return None;
         }
-        if ctx.rng.random::<f64>() < self.cfg.explore {
+        if tier == 0 && ctx.rng.random::<f64>() < self.cfg.explore {
             return Some(feasible[ctx.rng.random_range(0..feasible.len())]);
         }
         let best = feasible
@@ -153,13 +187,19 @@ impl SloPolicy {
             .map(|&i| evals[i].p_violate)
             .fold(f64::INFINITY, f64::min);
         let last = self.last.load(Relaxed);
+        // When nothing fits, violation risk is what matters: a much narrower band.
+        let near = if tier == 0 {
+            self.cfg.near_equal
+        } else {
+            self.cfg.near_equal / 3.0
+        };
         let band: Vec<usize> = feasible
             .into_iter()
             .filter(|&i| {
                 let margin = if cands[i].replica.id + 1 == last {
-                    self.cfg.near_equal + self.cfg.hysteresis
+                    near + self.cfg.hysteresis
                 } else {
-                    self.cfg.near_equal
+                    near
                 };
                 evals[i].p_violate <= best + margin
             })
@@ -207,9 +247,14 @@ impl Policy for SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let snap = self.predictor.load();
+        let obs: Vec<_> = cands
+            .iter()
+            .map(|c| features::observation(req, c))
+            .collect();
         let preds: Vec<Prediction> = cands
             .iter()
-            .map(|c| snap.predict(features::key(c), &features::observation(req, c)))
+            .zip(&obs)
+            .map(|(c, o)| snap.predict(features::key(c), o))
             .collect();
         let forecasts: Vec<Option<Forecast>> = preds.iter().map(|p| Some(forecast(p))).collect();
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
@@ -227,13 +272,33 @@ impl Policy for SloPolicy {
         let evals: Vec<Eval> = cands
             .iter()
             .zip(&preds)
-            .map(|(c, p)| {
-                let mut e = evaluate(
-                    p,
-                    req.slo.ttft_ms,
-                    req.slo.tpot_ms,
-                    c.load().min_tpot_slo_ms,
-                );
+            .zip(&obs)
+            .map(|((c, p), o)| {
+                let load = c.load();
+                let mut e = evaluate(p, req.slo.ttft_ms, req.slo.tpot_ms, load.min_tpot_slo_ms);
+                // This prefill stretches the steps of every request decoding there: the
+                // expected objectives it would break count against the placement.
+                if self.cfg.interference_guard && load.decoding_requests >= 1.0 {
+                    let mut alone = *o;
+                    alone.queued_prefill_tokens = 0.0;
+                    alone.queued_requests = 0.0;
+                    alone.queued_attention_pairs = 0.0;
+                    let prefill_ms = snap.predict(features::key(c), &alone).ttft_ms;
+                    let remaining =
+                        (load.decode_remaining_tokens / load.decoding_requests).max(8.0);
+                    let slo = load.min_tpot_slo_ms.unwrap_or(req.slo.tpot_ms);
+                    let collateral = collateral_violations(p, prefill_ms / remaining, slo)
+                        * load.decoding_requests;
+                    e.p_violate = (e.p_violate + collateral).min(10.0);
+                    if collateral >= 0.5 {
+                        e.tpot_ok = false;
+                        e.tier = 2 - e.ttft_ok as u8 - e.tpot_ok as u8;
+                    }
+                }
+                // Prefill work this placement spares the fleet: a replica holding the
+                // prefix costs less for everyone, not only for this request.
+                let uncached = 1.0 - c.cached_tokens as f64 / req.prompt_tokens.max(1) as f64;
+                e.cost += self.cfg.cache_weight * uncached;
                 // A cold replica with nothing on it is safe to try: that is how it warms.
                 if p.ttft_state != ModelState::Warm && c.load().requests == 0.0 {
                     e.tier = 0;
@@ -243,7 +308,7 @@ impl Policy for SloPolicy {
             })
             .collect();
         let mut ranked = order(&evals, ctx.rng);
-        match self.pick(cands, &evals, ctx) {
+        match self.pick(cands, &evals, 0, ctx) {
             Some(choice) => {
                 ranked.retain(|&i| i != choice);
                 ranked.insert(0, choice);
@@ -264,6 +329,12 @@ impl Policy for SloPolicy {
                     preds[b].ttft_upper_ms,
                     preds[b].tpot_upper_ms,
                 );
+                // Least bad: the same choice rule within the best tier present.
+                let best_tier = evals.iter().map(|e| e.tier).min().unwrap_or(2);
+                if let Some(c) = self.pick(cands, &evals, best_tier, ctx) {
+                    ranked.retain(|&i| i != c);
+                    ranked.insert(0, c);
+                }
                 let choice = match req.fallback {
                     Fallback::LeastBad => Choice::Route(ranked),
                     Fallback::Reject => Choice::Reject(reason),
