@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 echo "== fmt";    cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests";  cargo test --workspace
+echo "== deploy"; deploy/check.sh
 echo "== real vLLM (installs vLLM's CPU build into ~/.cache/headroom once)"; scripts/vllm/test-real.sh
