@@ -3,8 +3,9 @@
 //! Invariants: every counter is the sum over live [`Booking`]s of that booking's
 //! current contribution; a booking contributes to exactly one stage (queued before its
 //! first token, decoding after), and dropping it removes its contribution, so a lost
-//! stream can never pin phantom load. Reads are lock-free atomics except the prefill
-//! inflow rate and the TPOT-objective multiset, which take short uncontended locks.
+//! stream can never pin phantom load. Reads are lock-free atomics; writers of the
+//! inflow rate and of the TPOT-objective multiset take short locks and publish what
+//! readers need as atomics.
 
 use std::{
     collections::BTreeMap,
@@ -95,8 +96,13 @@ pub struct Ledger {
     decode_remaining_tokens: AtomicI64,
     completed: AtomicU64,
     inflow: Mutex<Inflow>,
+    /// The inflow state as readers see it: decayed sum and its time (f64 bits).
+    inflow_acc: AtomicU64,
+    inflow_at: AtomicU64,
     /// TPOT objective (ms, rounded) → number of in-flight requests holding it.
     tpot_slos: Mutex<BTreeMap<u32, u32>>,
+    /// The smallest key of `tpot_slos` plus one, or 0 when empty.
+    min_tpot_slo: std::sync::atomic::AtomicU32,
 }
 
 fn f(a: &AtomicI64) -> f64 {
@@ -118,12 +124,15 @@ impl Ledger {
             decoding_requests: f(&self.decoding_requests),
             decode_context_tokens: f(&self.decode_context_tokens),
             decode_remaining_tokens: f(&self.decode_remaining_tokens),
-            prefill_inflow_tps: self.inflow.lock().rate(now_s),
-            min_tpot_slo_ms: self
-                .tpot_slos
-                .lock()
-                .first_key_value()
-                .map(|(k, _)| *k as f64),
+            prefill_inflow_tps: Inflow {
+                acc: f64::from_bits(self.inflow_acc.load(Relaxed)),
+                at_s: f64::from_bits(self.inflow_at.load(Relaxed)),
+            }
+            .rate(now_s),
+            min_tpot_slo_ms: match self.min_tpot_slo.load(Relaxed) {
+                0 => None,
+                k => Some((k - 1) as f64),
+            },
         }
     }
 
@@ -142,12 +151,20 @@ impl Ledger {
         self.queued_requests.fetch_add(1, Relaxed);
         self.queued_prefill_tokens.fetch_add(uncached, Relaxed);
         self.queued_attention_pairs.fetch_add(pairs, Relaxed);
-        self.inflow.lock().add(u, now_s);
+        {
+            let mut inflow = self.inflow.lock();
+            inflow.add(u, now_s);
+            self.inflow_acc.store(inflow.acc.to_bits(), Relaxed);
+            self.inflow_at.store(inflow.at_s.to_bits(), Relaxed);
+        }
         let slo_key = spec
             .tpot_slo_ms
             .map(|ms| ms.round().clamp(0.0, u32::MAX as f64) as u32);
         if let Some(k) = slo_key {
-            *self.tpot_slos.lock().entry(k).or_insert(0) += 1;
+            let mut m = self.tpot_slos.lock();
+            *m.entry(k).or_insert(0) += 1;
+            self.min_tpot_slo
+                .store(m.keys().next().map_or(0, |k| k.saturating_add(1)), Relaxed);
         }
         Booking {
             ledger: self.clone(),
@@ -252,6 +269,8 @@ impl Drop for Booking {
                     m.remove(&k);
                 }
             }
+            l.min_tpot_slo
+                .store(m.keys().next().map_or(0, |k| k.saturating_add(1)), Relaxed);
         }
     }
 }

@@ -117,6 +117,10 @@ pub fn evaluate(
     }
 }
 
+/// Prefills shorter than this cost running requests less than a step's noise: the
+/// interference guard skips them (and their second prediction).
+const INTERFERENCE_MIN_TOKENS: u32 = 256;
+
 /// How much more likely a running request is to miss its TPOT objective `slo_ms` when
 /// every one of its remaining tokens takes `added_ms` longer. Running requests' TPOT
 /// is taken to follow this candidate's TPOT forecast (same batch, same engine).
@@ -278,7 +282,11 @@ impl Policy for SloPolicy {
                 let mut e = evaluate(p, req.slo.ttft_ms, req.slo.tpot_ms, load.min_tpot_slo_ms);
                 // This prefill stretches the steps of every request decoding there: the
                 // expected objectives it would break count against the placement.
-                if self.cfg.interference_guard && load.decoding_requests >= 1.0 {
+                let uncached_tokens = req.prompt_tokens.saturating_sub(c.cached_tokens);
+                if self.cfg.interference_guard
+                    && load.decoding_requests >= 1.0
+                    && uncached_tokens >= INTERFERENCE_MIN_TOKENS
+                {
                     let mut alone = *o;
                     alone.queued_prefill_tokens = 0.0;
                     alone.queued_requests = 0.0;
