@@ -1,0 +1,165 @@
+//! The scenario's load: an open-loop Poisson arrival schedule, fixed up front from the
+//! seed (so a seed names the exact requests sent), played against the router nodes
+//! with [`run_request`].
+//!
+//! Invariants: arrivals do not wait for answers (a stalled system gets the same
+//! offered load as a healthy one); at most `max_inflight` requests are open at once
+//! (bounded tasks; a full pool delays sends and the delay is reported); every
+//! scheduled request yields exactly one [`Record`]; the driver returns within the
+//! schedule's length plus one request deadline.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_bench::live::client::http_client;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::client::{ClientSettings, Kind, Record, RequestSpec, run_request};
+
+/// Shape of the offered load.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadShape {
+    /// Mean arrivals per second.
+    pub rate_per_s: f64,
+    /// Seconds of arrivals.
+    pub duration_s: f64,
+    /// `max_tokens` drawn uniformly from this range (inclusive).
+    pub max_tokens: (u32, u32),
+    /// Prompt length in filler words, uniform (inclusive).
+    pub prompt_words: (u32, u32),
+    /// Share of streamed chat requests and of non-streamed completions; the rest are
+    /// streamed completions.
+    pub chat_share: f64,
+    pub whole_share: f64,
+    pub max_inflight: usize,
+}
+
+/// The schedule: every request, due time ascending.
+pub fn schedule(shape: &LoadShape, nodes: usize, seed: u64) -> Vec<RequestSpec> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    let mut t = 0.0f64;
+    let rate = shape.rate_per_s.max(1e-6);
+    loop {
+        // Exponential gaps: −ln(U)/λ with U in (0, 1].
+        let u: f64 = 1.0 - rng.random::<f64>();
+        t += -u.ln() / rate;
+        if t >= shape.duration_s {
+            return out;
+        }
+        let pick: f64 = rng.random();
+        let kind = if pick < shape.whole_share {
+            Kind::Whole
+        } else if pick < shape.whole_share + shape.chat_share {
+            Kind::StreamChat
+        } else {
+            Kind::StreamCompletion
+        };
+        let (lo, hi) = shape.max_tokens;
+        let (plo, phi) = shape.prompt_words;
+        out.push(RequestSpec {
+            id: out.len() as u64,
+            kind,
+            due_s: t,
+            max_tokens: rng.random_range(lo.min(hi)..=hi.max(lo)).max(1),
+            prompt_words: rng.random_range(plo.min(phi)..=phi.max(plo)),
+            primary: rng.random_range(0..nodes.max(1)),
+        });
+    }
+}
+
+/// What the driver produced.
+#[derive(Clone, Debug, Default)]
+pub struct LoadResult {
+    /// One per scheduled request, in schedule order.
+    pub records: Vec<Record>,
+    /// Largest delay of a send behind its due time (s).
+    pub max_send_lag_s: f64,
+}
+
+/// Plays `plan` against `nodes`; times relative to `t0` (the scenario start, at which
+/// the schedule's time 0 is).
+pub async fn drive(
+    plan: Vec<RequestSpec>,
+    nodes: Vec<String>,
+    settings: ClientSettings,
+    max_inflight: usize,
+    t0: Instant,
+) -> LoadResult {
+    let client = http_client();
+    let nodes = Arc::new(nodes);
+    let settings = Arc::new(settings);
+    let pool = Arc::new(Semaphore::new(max_inflight.max(1)));
+    let mut tasks: JoinSet<Record> = JoinSet::new();
+    let mut max_lag = 0.0f64;
+    let total = plan.len();
+    for spec in plan {
+        let due = t0 + Duration::from_secs_f64(spec.due_s);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+        let Ok(permit) = pool.clone().acquire_owned().await else {
+            break;
+        };
+        max_lag = max_lag.max(Instant::now().saturating_duration_since(due).as_secs_f64());
+        let (client, nodes, settings) = (client.clone(), nodes.clone(), settings.clone());
+        tasks.spawn(async move {
+            let rec = run_request(&client, &nodes, &spec, &settings, t0).await;
+            drop(permit);
+            rec
+        });
+    }
+    let mut records = Vec::with_capacity(total);
+    while let Some(done) = tasks.join_next().await {
+        // A request task cannot panic on input; a join error would be a harness bug.
+        if let Ok(r) = done {
+            records.push(r);
+        }
+    }
+    records.sort_by_key(|r| r.id);
+    LoadResult {
+        records,
+        max_send_lag_s: max_lag,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> LoadShape {
+        LoadShape {
+            rate_per_s: 50.0,
+            duration_s: 10.0,
+            max_tokens: (8, 16),
+            prompt_words: (5, 10),
+            chat_share: 0.2,
+            whole_share: 0.1,
+            max_inflight: 8,
+        }
+    }
+
+    #[test]
+    fn schedule_is_seeded_and_poisson_like() {
+        let a = schedule(&shape(), 3, 7);
+        let b = schedule(&shape(), 3, 7);
+        let c = schedule(&shape(), 3, 8);
+        assert_eq!(
+            a.iter().map(|r| r.due_s).collect::<Vec<_>>(),
+            b.iter().map(|r| r.due_s).collect::<Vec<_>>()
+        );
+        assert_ne!(a.len(), 0);
+        assert!(a.iter().zip(&c).any(|(x, y)| x.due_s != y.due_s));
+        // 500 expected arrivals; a Poisson count is within ±20% with overwhelming odds.
+        assert!((400..600).contains(&a.len()), "{}", a.len());
+        assert!(a.windows(2).all(|w| w[0].due_s <= w[1].due_s));
+        assert!(
+            a.iter()
+                .all(|r| (8..=16).contains(&r.max_tokens) && r.primary < 3)
+        );
+        let whole = a.iter().filter(|r| r.kind == Kind::Whole).count() as f64 / a.len() as f64;
+        assert!((0.03..0.2).contains(&whole), "{whole}");
+    }
+}

@@ -1,0 +1,80 @@
+//! The router settings chaos runs use, written as a `headroom serve --config` file.
+//!
+//! Production defaults wait a minute for a first byte; scenarios run in seconds, so
+//! the health, proxy and scrape timings are tightened here (and printed in every
+//! report, so a bound is always read against the timings that produced it).
+
+use serde::Serialize;
+
+/// Health, proxy and scrape timings of every router node in a scenario (ms).
+#[derive(Clone, Debug, Serialize)]
+pub struct RouterTimings {
+    pub probe_interval_ms: u64,
+    pub probe_timeout_ms: u64,
+    pub eject_after_failures: u32,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub retries: u32,
+    pub scrape_interval_ms: u64,
+    pub scrape_timeout_ms: u64,
+    pub stale_after_ms: u64,
+}
+
+impl Default for RouterTimings {
+    fn default() -> Self {
+        RouterTimings {
+            probe_interval_ms: 100,
+            probe_timeout_ms: 300,
+            eject_after_failures: 3,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 4_000,
+            connect_timeout_ms: 500,
+            first_byte_timeout_ms: 3_000,
+            idle_timeout_ms: 2_000,
+            retries: 2,
+            scrape_interval_ms: 100,
+            scrape_timeout_ms: 300,
+            stale_after_ms: 1_000,
+        }
+    }
+}
+
+impl RouterTimings {
+    /// The TOML text of a config file with these timings (listen address, replicas
+    /// and mesh come from flags).
+    pub fn toml(&self) -> String {
+        format!(
+            "[health]\nprobe_interval_ms = {}\nprobe_timeout_ms = {}\neject_after_failures = {}\n\
+             backoff_initial_ms = {}\nbackoff_max_ms = {}\n\n\
+             [proxy]\nconnect_timeout_ms = {}\nfirst_byte_timeout_ms = {}\nidle_timeout_ms = {}\n\
+             retries = {}\n\n\
+             [scrape]\ninterval_ms = {}\ntimeout_ms = {}\nstale_after_ms = {}\n",
+            self.probe_interval_ms,
+            self.probe_timeout_ms,
+            self.eject_after_failures,
+            self.backoff_initial_ms,
+            self.backoff_max_ms,
+            self.connect_timeout_ms,
+            self.first_byte_timeout_ms,
+            self.idle_timeout_ms,
+            self.retries,
+            self.scrape_interval_ms,
+            self.scrape_timeout_ms,
+            self.stale_after_ms,
+        )
+    }
+
+    /// Worst-case time for probes to eject a replica whose `/health` fails or hangs.
+    pub fn ejection_bound_s(&self) -> f64 {
+        let per_probe = (self.probe_interval_ms + self.probe_timeout_ms) as f64 / 1e3;
+        per_probe * f64::from(self.eject_after_failures) * 1.1 + 1.0
+    }
+
+    /// Worst-case time from recovery to re-admission (longest backoff plus a probe).
+    pub fn readmission_bound_s(&self) -> f64 {
+        (self.backoff_max_ms + self.probe_interval_ms + self.probe_timeout_ms) as f64 / 1e3 + 1.0
+    }
+}

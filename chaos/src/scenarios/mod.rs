@@ -1,0 +1,122 @@
+//! The fault scenarios, by name. Each module holds one scenario: its plan (what to
+//! start, what load), its fault script (`inject`, run beside the load) and its own
+//! checks; the checks every scenario shares are in [`crate::check`].
+
+mod common;
+mod garbage_metrics;
+mod midstream_errors;
+mod replica_errors;
+mod replica_kill;
+mod replica_slow;
+mod replica_stall;
+mod router_kill;
+mod router_pause;
+
+use crate::check::Check;
+use crate::scenario::{Ctx, FaultLog, Finished, Plan, RunOptions};
+
+pub use common::{FAULTY, balanced_before};
+
+/// Every scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    ReplicaKill,
+    ReplicaStall,
+    ReplicaSlow,
+    ReplicaErrors,
+    MidstreamErrors,
+    RouterKill,
+    RouterPause,
+    GarbageMetrics,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 8] = [
+        Scenario::ReplicaKill,
+        Scenario::ReplicaStall,
+        Scenario::ReplicaSlow,
+        Scenario::ReplicaErrors,
+        Scenario::MidstreamErrors,
+        Scenario::RouterKill,
+        Scenario::RouterPause,
+        Scenario::GarbageMetrics,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::ReplicaKill => "replica-kill",
+            Scenario::ReplicaStall => "replica-stall",
+            Scenario::ReplicaSlow => "replica-slow",
+            Scenario::ReplicaErrors => "replica-errors",
+            Scenario::MidstreamErrors => "midstream-errors",
+            Scenario::RouterKill => "router-kill",
+            Scenario::RouterPause => "router-pause",
+            Scenario::GarbageMetrics => "garbage-metrics",
+        }
+    }
+
+    pub fn about(self) -> &'static str {
+        match self {
+            Scenario::ReplicaKill => replica_kill::ABOUT,
+            Scenario::ReplicaStall => replica_stall::ABOUT,
+            Scenario::ReplicaSlow => replica_slow::ABOUT,
+            Scenario::ReplicaErrors => replica_errors::ABOUT,
+            Scenario::MidstreamErrors => midstream_errors::ABOUT,
+            Scenario::RouterKill => router_kill::ABOUT,
+            Scenario::RouterPause => router_pause::ABOUT,
+            Scenario::GarbageMetrics => garbage_metrics::ABOUT,
+        }
+    }
+
+    /// Looks a scenario up by name.
+    pub fn by_name(name: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    pub fn plan(self, o: &RunOptions) -> Plan {
+        match self {
+            Scenario::ReplicaKill => replica_kill::plan(o),
+            Scenario::ReplicaStall => replica_stall::plan(o),
+            Scenario::ReplicaSlow => replica_slow::plan(o),
+            Scenario::ReplicaErrors => replica_errors::plan(o),
+            Scenario::MidstreamErrors => midstream_errors::plan(o),
+            Scenario::RouterKill => router_kill::plan(o),
+            Scenario::RouterPause => router_pause::plan(o),
+            Scenario::GarbageMetrics => garbage_metrics::plan(o),
+        }
+    }
+
+    pub async fn inject(self, ctx: &mut Ctx<'_>) {
+        match self {
+            Scenario::ReplicaKill => replica_kill::inject(ctx).await,
+            Scenario::ReplicaStall => replica_stall::inject(ctx).await,
+            Scenario::ReplicaSlow => replica_slow::inject(ctx).await,
+            Scenario::ReplicaErrors => replica_errors::inject(ctx).await,
+            Scenario::MidstreamErrors => midstream_errors::inject(ctx).await,
+            Scenario::RouterKill => router_kill::inject(ctx).await,
+            Scenario::RouterPause => router_pause::inject(ctx).await,
+            Scenario::GarbageMetrics => garbage_metrics::inject(ctx).await,
+        }
+    }
+
+    pub fn checks(self, f: &Finished<'_>) -> Vec<Check> {
+        match self {
+            Scenario::ReplicaKill => replica_kill::checks(f),
+            Scenario::ReplicaStall => replica_stall::checks(f),
+            Scenario::ReplicaSlow => replica_slow::checks(f),
+            Scenario::ReplicaErrors => replica_errors::checks(f),
+            Scenario::MidstreamErrors => midstream_errors::checks(f),
+            Scenario::RouterKill => router_kill::checks(f),
+            Scenario::RouterPause => router_pause::checks(f),
+            Scenario::GarbageMetrics => garbage_metrics::checks(f),
+        }
+    }
+
+    /// The router node this scenario killed and when (its cut streams are excused).
+    pub fn killed_node(self, log: &FaultLog) -> Option<(usize, f64)> {
+        match self {
+            Scenario::RouterKill => log.fault_s.map(|t| (router_kill::VICTIM, t)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! A replica is SIGKILLed while it streams, then started again on its old address.
+//!
+//! Expected: streams already running there end with an SSE error event and
+//! `data: [DONE]`; requests that had not got a byte are retried elsewhere; the router
+//! ejects the dead replica within the probe bound and re-admits it after the restart.
+
+use super::common::{
+    FAULTY, FAULTY_NAME, base_plan, ejected_check, readmitted_check, streams_cut_at, wait_busy,
+};
+use crate::check::Check;
+use crate::client::EndClass;
+use crate::scenario::{Ctx, Finished, Plan, RunOptions};
+
+pub const ABOUT: &str = "replica r0 SIGKILLed mid-stream, restarted later on the same port";
+
+pub fn plan(o: &RunOptions) -> Plan {
+    base_plan(o, 1)
+}
+
+pub async fn inject(ctx: &mut Ctx<'_>) {
+    let (fault_s, recover_s) = (ctx.plan.fault_s, ctx.plan.recover_s);
+    ctx.at(fault_s).await;
+    wait_busy(ctx, FAULTY_NAME, 3.0).await;
+    let at = ctx.now_s();
+    match ctx.cluster.kill_replica(FAULTY).await {
+        Ok(()) => {
+            ctx.note(format!("{FAULTY_NAME} SIGKILLed"));
+            ctx.log.fault_s = Some(at);
+        }
+        Err(e) => return ctx.fail(format!("killing {FAULTY_NAME}: {e}")),
+    }
+    ctx.log.settle_s = ctx.now_s() + ctx.plan.cluster.timings.ejection_bound_s();
+    ctx.at(recover_s).await;
+    match ctx.cluster.restart_replica(FAULTY).await {
+        Ok(()) => {
+            ctx.note(format!("{FAULTY_NAME} restarted on its old address"));
+            ctx.log.recover_s = Some(ctx.now_s());
+        }
+        Err(e) => return ctx.fail(format!("restarting {FAULTY_NAME}: {e}")),
+    }
+    let bound = ctx.plan.cluster.timings.readmission_bound_s();
+    for n in 0..ctx.cluster.routers.len() {
+        ctx.wait_for(n, bound, |s| {
+            s.replica(FAULTY_NAME).is_some_and(|r| r.routable)
+        })
+        .await;
+    }
+}
+
+pub fn checks(f: &Finished<'_>) -> Vec<Check> {
+    let mut out = Vec::new();
+    if let Some(at) = f.log.fault_s {
+        let cut = streams_cut_at(f, FAULTY_NAME, at);
+        let clean = cut
+            .iter()
+            .filter(|r| r.class == EndClass::StreamError)
+            .count();
+        out.push(Check::new(
+            "the kill hit live streams, and each ended with an SSE error + [DONE]",
+            !cut.is_empty() && clean == cut.len(),
+            format!(
+                "{} streams were running on {FAULTY_NAME} at the kill; {clean} ended with error + [DONE]",
+                cut.len()
+            ),
+        ));
+    }
+    out.push(ejected_check(f, FAULTY_NAME, f.log.fault_s));
+    out.push(readmitted_check(
+        f,
+        FAULTY_NAME,
+        f.log.fault_s,
+        f.log.recover_s,
+    ));
+    out
+}
