@@ -163,7 +163,7 @@ fn per_tenant_attainment() {
 
 #[test]
 fn forecast_quality() {
-    let s = RunSummary::of(&run());
+    let s = RunSummary::with_warmup(&run(), 0.0);
     // TTFT: (pred, actual) = (250, 200), (300, 600), (1000, 1000):
     // APE 25 %, 50 %, 0 %; abs err 50, 300, 0; upper bounds hold for r0 and r2 only.
     let f = s.ttft_forecast.expect("predictions present");
@@ -178,6 +178,20 @@ fn forecast_quality() {
     assert_eq!(f.samples, 1);
     assert!((f.mape_pct - 25.0).abs() < 1e-6);
     assert!(close(f.coverage.expect("bound"), 1.0));
+}
+
+#[test]
+fn forecast_quality_skips_the_warm_up() {
+    let all = RunSummary::with_warmup(&run(), 0.0)
+        .ttft_forecast
+        .expect("predictions");
+    let later = RunSummary::of(&run()).ttft_forecast.expect("predictions");
+    assert!(
+        later.samples < all.samples,
+        "{} vs {}",
+        later.samples,
+        all.samples
+    );
 }
 
 #[test]

@@ -88,7 +88,9 @@ pub(crate) fn render(report: &Report, plots: &[String]) -> String {
     let _ = writeln!(
         md,
         "MAPE / MdAPE in percent; absolute error p50 / p95 in ms; coverage = share of \
-         requests with actual ≤ predicted upper bound (n = requests with both).\n"
+         requests with actual ≤ predicted upper bound (n = requests with both). The first \
+         10% of arrivals (the predictor's warm-up) are excluded. Predictions are those the \
+         node's predictor issued at dispatch, whatever the policy; TTFT counts from arrival.\n"
     );
     let _ = writeln!(
         md,

@@ -93,8 +93,33 @@ fn share(n: usize, d: usize) -> f64 {
 /// Tenant key for requests without one.
 pub const NO_TENANT: &str = "-";
 
+/// Share of the run (by arrival order) excluded from forecast quality: the predictor's
+/// warm-up, when it has seen few outcomes.
+pub const FORECAST_WARMUP_SHARE: f64 = 0.1;
+
+/// Records after the warm-up share of arrivals.
+fn after_warmup(recs: &[RequestRecord], share: f64) -> impl Iterator<Item = &RequestRecord> {
+    let first = recs
+        .iter()
+        .map(|r| r.arrival_s)
+        .fold(f64::INFINITY, f64::min);
+    let last = recs
+        .iter()
+        .map(|r| r.arrival_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let cut = first + (last - first).max(0.0) * share.clamp(0.0, 1.0);
+    recs.iter().filter(move |r| r.arrival_s >= cut)
+}
+
 impl RunSummary {
+    /// The summary, with forecast quality after [`FORECAST_WARMUP_SHARE`].
     pub fn of(run: &RunResult) -> RunSummary {
+        Self::with_warmup(run, FORECAST_WARMUP_SHARE)
+    }
+
+    /// The summary, with forecast quality over arrivals after `warmup_share` of the
+    /// arrival window.
+    pub fn with_warmup(run: &RunResult, warmup_share: f64) -> RunSummary {
         let recs = &run.records;
         let n = recs.len();
         let met_both = recs.iter().filter(|r| r.met_both()).count();
@@ -132,14 +157,14 @@ impl RunSummary {
             ttft_ms: Percentiles::of(ttft),
             tpot_ms: Percentiles::of(tpot),
             tenants: tenants(recs),
-            ttft_forecast: forecast(recs.iter().map(|r| {
+            ttft_forecast: forecast(after_warmup(recs, warmup_share).map(|r| {
                 (
                     r.ttft_s.map(|t| t * 1e3),
                     r.predicted_ttft_ms,
                     r.predicted_ttft_upper_ms,
                 )
             })),
-            tpot_forecast: forecast(recs.iter().map(|r| {
+            tpot_forecast: forecast(after_warmup(recs, warmup_share).map(|r| {
                 (
                     r.tpot_s.map(|t| t * 1e3),
                     r.predicted_tpot_ms,
