@@ -165,9 +165,10 @@ pub fn output_integrity(records: &[Record]) -> Check {
 
 /// At least `min_rate` of requests sent in `[from_s, to_s)` succeeded.
 pub fn success_after(records: &[Record], from_s: f64, to_s: f64, min_rate: f64) -> Check {
+    // Requests whose client walked away on purpose have no outcome to judge.
     let window: Vec<&Record> = records
         .iter()
-        .filter(|r| r.sent_s >= from_s && r.sent_s < to_s)
+        .filter(|r| r.sent_s >= from_s && r.sent_s < to_s && r.class != EndClass::Abandoned)
         .collect();
     let ok = window.iter().filter(|r| r.class == EndClass::Ok).count();
     let n = window.len();

@@ -51,6 +51,8 @@ pub enum EndClass {
     Malformed,
     /// Still unfinished at the deadline.
     Hung,
+    /// The client itself walked away mid-stream (as planned).
+    Abandoned,
 }
 
 impl EndClass {
@@ -58,7 +60,7 @@ impl EndClass {
     pub fn clean(self) -> bool {
         matches!(
             self,
-            EndClass::Ok | EndClass::ErrorJson | EndClass::StreamError
+            EndClass::Ok | EndClass::ErrorJson | EndClass::StreamError | EndClass::Abandoned
         )
     }
 }
@@ -74,6 +76,8 @@ pub struct RequestSpec {
     pub prompt_words: u32,
     /// Index of the node tried first.
     pub primary: usize,
+    /// Drop the connection after this many tokens (a client that gives up).
+    pub abandon_after: Option<u32>,
 }
 
 /// Client settings shared by every request of a scenario.
@@ -286,8 +290,16 @@ async fn read_answer(
     let mut scanner = SseScanner::default();
     let mut whole: Vec<u8> = Vec::new();
     let mut broke: Option<String> = None;
+    let mut abandoned = false;
     let read = async {
         while let Some(frame) = body.frame().await {
+            if spec
+                .abandon_after
+                .is_some_and(|k| rec.facts.content_events >= k)
+            {
+                abandoned = true;
+                break;
+            }
             match frame {
                 Ok(f) => {
                     let Some(d) = f.data_ref() else { continue };
@@ -316,6 +328,12 @@ async fn read_answer(
     if tokio::time::timeout_at(deadline, read).await.is_err() {
         rec.class = EndClass::Hung;
         rec.detail = Some("answer unfinished at the deadline".into());
+        rec.violations = rec.facts.violations(spec.max_tokens, false);
+        return;
+    }
+    if abandoned {
+        // Dropping the body here closes the connection mid-stream.
+        rec.class = EndClass::Abandoned;
         rec.violations = rec.facts.violations(spec.max_tokens, false);
         return;
     }

@@ -100,6 +100,9 @@ pub struct Cluster {
     /// Logs, config and certificates.
     pub dir: PathBuf,
     pub client: HttpClient,
+    /// Seconds from the last router being ready until every node routed to every
+    /// replica and saw every member.
+    pub converge_s: f64,
     bins: Binaries,
     config_path: PathBuf,
     certs: Option<PathBuf>,
@@ -136,6 +139,7 @@ impl Cluster {
             spec,
             dir: dir.to_path_buf(),
             client: http_client(),
+            converge_s: 0.0,
             bins,
             config_path,
             certs: None,
@@ -192,10 +196,13 @@ impl Cluster {
                 .filter(|(j, _)| *j != i)
                 .filter_map(|(_, g)| *g)
                 .collect();
-            let node = self.spawn_router(id, gossip[i], &seeds).await?;
+            let node = self.spawn_router(id, gossip[i], &seeds, None).await?;
             self.routers.push(node);
         }
-        self.wait_converged().await
+        let t = Instant::now();
+        self.wait_converged().await?;
+        self.converge_s = t.elapsed().as_secs_f64();
+        Ok(())
     }
 
     async fn write_certs(&mut self, ids: &[String]) -> Result<PathBuf, ChaosError> {
@@ -270,16 +277,24 @@ impl Cluster {
         }
     }
 
+    /// Starts router `id`; on fresh ports unless `fixed` gives its old HTTP address (a
+    /// restart), in which case gossip keeps its old address too and a failed start is
+    /// not retried elsewhere.
     async fn spawn_router(
         &mut self,
         id: &str,
         gossip: Option<SocketAddr>,
         seeds: &[SocketAddr],
+        fixed: Option<SocketAddr>,
     ) -> Result<RouterProc, ChaosError> {
         let mut last = String::new();
         let mut gossip = gossip;
-        for attempt in 0..3 {
-            let http: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let attempts = if fixed.is_some() { 1 } else { 3 };
+        for attempt in 0..attempts {
+            let http: SocketAddr = match fixed {
+                Some(a) => a,
+                None => ([127, 0, 0, 1], free_port()?).into(),
+            };
             if attempt > 0 && gossip.is_some() {
                 gossip = Some(free_udp()?);
             }
@@ -452,6 +467,30 @@ impl Cluster {
         let mut p = r.proc.take().ok_or("router not running")?;
         signal(p.pid(), Signal::Kill)?;
         p.stop(Duration::from_secs(2)).await;
+        Ok(())
+    }
+
+    /// Starts killed router node `i` again with its old id and addresses.
+    pub async fn restart_router(&mut self, i: usize) -> Result<(), String> {
+        let (id, http, gossip) = {
+            let r = self.routers.get(i).ok_or("no such router")?;
+            if r.proc.is_some() {
+                return Err("router still running".into());
+            }
+            (r.id.clone(), r.http, r.gossip)
+        };
+        let seeds: Vec<SocketAddr> = self
+            .routers
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, r)| r.gossip)
+            .collect();
+        let node = self
+            .spawn_router(&id, gossip, &seeds, Some(http))
+            .await
+            .map_err(|e| format!("restart on {http}: {e}"))?;
+        self.routers[i] = node;
         Ok(())
     }
 

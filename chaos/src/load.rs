@@ -36,6 +36,10 @@ pub struct LoadShape {
     pub chat_share: f64,
     pub whole_share: f64,
     pub max_inflight: usize,
+    /// Share of streamed requests sent in `abandon_window` (s) whose client walks away
+    /// after a random number of tokens (up to half of `max_tokens`).
+    pub abandon_share: f64,
+    pub abandon_window: (f64, f64),
 }
 
 /// The schedule: every request, due time ascending.
@@ -61,13 +65,24 @@ pub fn schedule(shape: &LoadShape, nodes: usize, seed: u64) -> Vec<RequestSpec> 
         };
         let (lo, hi) = shape.max_tokens;
         let (plo, phi) = shape.prompt_words;
+        let max_tokens = rng.random_range(lo.min(hi)..=hi.max(lo)).max(1);
+        // Drawn for every request so the schedule does not depend on the abandon knobs.
+        let (quit, after) = (
+            rng.random::<f64>(),
+            rng.random_range(1..=max_tokens.div_ceil(2)),
+        );
+        let (w0, w1) = shape.abandon_window;
+        let abandon_after =
+            (kind != Kind::Whole && t >= w0 && t < w1 && quit < shape.abandon_share)
+                .then_some(after);
         out.push(RequestSpec {
             id: out.len() as u64,
             kind,
             due_s: t,
-            max_tokens: rng.random_range(lo.min(hi)..=hi.max(lo)).max(1),
+            max_tokens,
             prompt_words: rng.random_range(plo.min(phi)..=phi.max(plo)),
             primary: rng.random_range(0..nodes.max(1)),
+            abandon_after,
         });
     }
 }
@@ -138,6 +153,8 @@ mod tests {
             chat_share: 0.2,
             whole_share: 0.1,
             max_inflight: 8,
+            abandon_share: 0.5,
+            abandon_window: (2.0, 4.0),
         }
     }
 
@@ -160,6 +177,17 @@ mod tests {
                 .all(|r| (8..=16).contains(&r.max_tokens) && r.primary < 3)
         );
         let whole = a.iter().filter(|r| r.kind == Kind::Whole).count() as f64 / a.len() as f64;
+        let quits: Vec<&RequestSpec> = a.iter().filter(|r| r.abandon_after.is_some()).collect();
+        assert!(
+            quits
+                .iter()
+                .all(|r| (2.0..4.0).contains(&r.due_s) && r.kind != Kind::Whole)
+        );
+        assert!(quits.iter().all(|r| {
+            r.abandon_after
+                .is_some_and(|k| k >= 1 && k <= r.max_tokens.div_ceil(2))
+        }));
+        assert!(quits.len() > 20, "{}", quits.len());
         assert!((0.03..0.2).contains(&whole), "{whole}");
     }
 }

@@ -4,7 +4,7 @@
 //! Order (times in seconds since the load started, `t0`): the sampler and the load
 //! start together; the scenario's `inject` runs beside the load (it sleeps until its
 //! fault times and may wait for the system's reaction); when both are done the
-//! ledgers are polled until they read zero (bounded), the routers' `/metrics` are
+//! scenario's `after_load` runs, then the ledgers are polled until they read zero (bounded), the routers' `/metrics` are
 //! read, the cluster is torn down and its pids are checked. Checks are computed last,
 //! from records and samples only, so a run's verdict never depends on harness timing.
 
@@ -106,6 +106,53 @@ impl Ctx<'_> {
         self.note(format!("harness error: {w}"));
         self.log.errors.push(w);
     }
+    /// Polls `nodes` together until `pred` has held on each or `bound_s` passes;
+    /// returns, per node, the time (s after `t0`) it first held.
+    pub async fn wait_all(
+        &self,
+        nodes: &[usize],
+        bound_s: f64,
+        pred: impl Fn(&NodeSample) -> bool,
+    ) -> Vec<Option<f64>> {
+        let mesh = self.cluster.routers.len() > 1;
+        let urls: Vec<Option<String>> = nodes
+            .iter()
+            .map(|n| self.cluster.routers.get(*n).map(|r| r.url()))
+            .collect();
+        let mut got: Vec<Option<f64>> = vec![None; nodes.len()];
+        let end = Instant::now() + Duration::from_secs_f64(bound_s.max(0.0));
+        loop {
+            let polls = nodes
+                .iter()
+                .zip(&urls)
+                .enumerate()
+                .filter_map(|(k, (n, u))| {
+                    let u = u.as_ref()?;
+                    got[k].is_none().then_some(async move {
+                        let s = sample_node(
+                            &self.cluster.client,
+                            u,
+                            *n,
+                            mesh,
+                            self.t0,
+                            Duration::from_millis(300),
+                        )
+                        .await;
+                        (k, s)
+                    })
+                });
+            for (k, s) in futures_util::future::join_all(polls).await {
+                if pred(&s) {
+                    got[k] = Some(s.t_s);
+                }
+            }
+            if got.iter().all(Option::is_some) || Instant::now() > end {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Polls node `node` until `pred` holds on its sample or `bound_s` passes; returns
     /// the time (s after `t0`) it first held.
     pub async fn wait_for(
@@ -231,17 +278,19 @@ pub async fn run(sc: Scenario, opts: &RunOptions) -> ScenarioReport {
     };
     ctx.note("load starts");
     sc.inject(&mut ctx).await;
-    let (events, log) = (
+    let loaded = driver.await.unwrap_or_default();
+    let load_end_s = t0.elapsed().as_secs_f64();
+    ctx.note(format!(
+        "load done: {} requests ended",
+        loaded.records.len()
+    ));
+    sc.after_load(&mut ctx).await;
+    let (mut timeline, mut log) = (
         std::mem::take(&mut ctx.events),
         std::mem::take(&mut ctx.log),
     );
-    let loaded = driver.await.unwrap_or_default();
-    let load_end_s = t0.elapsed().as_secs_f64();
-    let mut timeline = events;
-    timeline.push(Event {
-        t_s: load_end_s,
-        what: format!("load done: {} requests ended", loaded.records.len()),
-    });
+    log.numbers
+        .insert("startup_converge_s".into(), cluster.converge_s);
     let drain = drain_ledgers(&cluster, t0, load_end_s).await;
     let metrics = read_metrics(&cluster).await;
     save_debug_views(&cluster, &dir).await;
@@ -255,7 +304,8 @@ pub async fn run(sc: Scenario, opts: &RunOptions) -> ScenarioReport {
     });
 
     let records = &loaded.records;
-    write_records(&dir, records);
+    write_lines(&dir.join("records.jsonl"), records);
+    write_lines(&dir.join("samples.jsonl"), &samples);
     let fin = Finished {
         plan: &plan,
         records,
@@ -309,18 +359,18 @@ pub async fn run(sc: Scenario, opts: &RunOptions) -> ScenarioReport {
     report
 }
 
-/// Every request's record, one JSON object per line, next to the logs (best effort:
-/// a write failure only loses debugging detail).
-fn write_records(dir: &std::path::Path, records: &[Record]) {
+/// One JSON object per line (request records, samples), next to the logs (best
+/// effort: a write failure only loses debugging detail).
+fn write_lines<T: Serialize>(path: &std::path::Path, items: &[T]) {
     let mut text = String::new();
-    for r in records {
+    for r in items {
         if let Ok(line) = serde_json::to_string(r) {
             text.push_str(&line);
             text.push('\n');
         }
     }
-    if let Err(e) = std::fs::write(dir.join("records.jsonl"), text) {
-        tracing::warn!("cannot write records: {e}");
+    if let Err(e) = std::fs::write(path, text) {
+        tracing::warn!("cannot write {}: {e}", path.display());
     }
 }
 

@@ -2,6 +2,7 @@
 //! start, what load), its fault script (`inject`, run beside the load) and its own
 //! checks; the checks every scenario shares are in [`crate::check`].
 
+mod client_abort;
 mod common;
 mod garbage_metrics;
 mod midstream_errors;
@@ -28,10 +29,11 @@ pub enum Scenario {
     RouterKill,
     RouterPause,
     GarbageMetrics,
+    ClientAbort,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::ReplicaKill,
         Scenario::ReplicaStall,
         Scenario::ReplicaSlow,
@@ -40,6 +42,7 @@ impl Scenario {
         Scenario::RouterKill,
         Scenario::RouterPause,
         Scenario::GarbageMetrics,
+        Scenario::ClientAbort,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +55,7 @@ impl Scenario {
             Scenario::RouterKill => "router-kill",
             Scenario::RouterPause => "router-pause",
             Scenario::GarbageMetrics => "garbage-metrics",
+            Scenario::ClientAbort => "client-abort",
         }
     }
 
@@ -65,6 +69,7 @@ impl Scenario {
             Scenario::RouterKill => router_kill::ABOUT,
             Scenario::RouterPause => router_pause::ABOUT,
             Scenario::GarbageMetrics => garbage_metrics::ABOUT,
+            Scenario::ClientAbort => client_abort::ABOUT,
         }
     }
 
@@ -83,6 +88,7 @@ impl Scenario {
             Scenario::RouterKill => router_kill::plan(o),
             Scenario::RouterPause => router_pause::plan(o),
             Scenario::GarbageMetrics => garbage_metrics::plan(o),
+            Scenario::ClientAbort => client_abort::plan(o),
         }
     }
 
@@ -96,6 +102,7 @@ impl Scenario {
             Scenario::RouterKill => router_kill::inject(ctx).await,
             Scenario::RouterPause => router_pause::inject(ctx).await,
             Scenario::GarbageMetrics => garbage_metrics::inject(ctx).await,
+            Scenario::ClientAbort => client_abort::inject(ctx).await,
         }
     }
 
@@ -109,6 +116,14 @@ impl Scenario {
             Scenario::RouterKill => router_kill::checks(f),
             Scenario::RouterPause => router_pause::checks(f),
             Scenario::GarbageMetrics => garbage_metrics::checks(f),
+            Scenario::ClientAbort => client_abort::checks(f),
+        }
+    }
+
+    /// Runs once the load has ended, before the ledgers are drained.
+    pub async fn after_load(self, ctx: &mut Ctx<'_>) {
+        if self == Scenario::ClientAbort {
+            client_abort::after_load(ctx).await;
         }
     }
 

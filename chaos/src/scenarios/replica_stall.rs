@@ -34,7 +34,9 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     // A request placed on the stalled replica just before its ejection is retried
     // after the first-byte timeout: from then on, requests must succeed.
     ctx.log.settle_s = ctx.now_s() + t.ejection_bound_s();
-    ctx.at(recover_s.max(ctx.now_s())).await;
+    // Outlast the idle timeout, so frozen streams must be ended by the router.
+    let min_stall = t.idle_timeout_ms as f64 / 1e3 + 1.0;
+    ctx.at(recover_s.max(at + min_stall)).await;
     if !set_faults(ctx, FAULTY, json!({"stall": false})).await {
         return;
     }

@@ -1,53 +1,67 @@
-//! A router node of a 3-node mesh is SIGKILLed under load.
+//! A router node of a 3-node mesh is SIGKILLed under load, and later started again
+//! with its old id and addresses.
 //!
 //! Expected: its clients fail over to another node URL (the harness does what a client
 //! behind DNS would) and succeed; only streams that ran through the killed node are
-//! cut; the survivors drop it from the live members and forget its placements.
+//! cut; the survivors drop it from the live members and forget its placements; the
+//! restarted node rejoins (every node sees all three live) and serves again.
 
 use super::common::base_plan;
 use crate::check::{self, Check};
 use crate::client::EndClass;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 
-pub const ABOUT: &str = "router node n1 of a 3-node mesh SIGKILLed under load; clients fail over";
+pub const ABOUT: &str =
+    "router node n1 of a 3-node mesh SIGKILLed under load (clients fail over), restarted later";
 
 /// The node killed.
 pub const VICTIM: usize = 1;
 /// Bound for the survivors to see the death and forget its placements (s).
 pub const MEMBERSHIP_BOUND_S: f64 = 20.0;
+/// Bound for a returning node to be a live member everywhere again (s): a few gossip
+/// rounds and heartbeats, more than the 3 s peer TTL.
+pub const REJOIN_BOUND_S: f64 = 5.0;
+/// How long a rejoin is watched (so a slow one is measured, not just failed).
+const REJOIN_WATCH_S: f64 = 20.0;
 
 pub fn plan(o: &RunOptions) -> Plan {
     base_plan(o, 3)
 }
 
-/// Waits until node `n` reports `victim` not live and holds none of its placements.
-pub async fn wait_forgotten(ctx: &mut Ctx<'_>, n: usize, victim: &str, from: f64, bound: f64) {
-    let id = ctx.cluster.routers[n].id.clone();
+/// Waits until every node but the victim reports it not live and holds none of its
+/// placements; records how long each took.
+pub async fn wait_forgotten(ctx: &mut Ctx<'_>, victim_ix: usize, from: f64, bound: f64) {
+    let victim = ctx.cluster.routers[victim_ix].id.clone();
+    let others: Vec<usize> = (0..ctx.cluster.routers.len())
+        .filter(|n| *n != victim_ix)
+        .collect();
+    let v = victim.clone();
     let dead = ctx
-        .wait_for(n, bound, |s| {
-            s.members.is_some() && s.member(victim).is_none_or(|m| !m.live)
+        .wait_all(&others, bound, |s| {
+            s.members.is_some() && s.member(&v).is_none_or(|m| !m.live)
         })
         .await;
-    ctx.log.checks.push(check::within(
-        &format!("{id} marks {victim} dead within the bound"),
-        &format!("{victim} not live on {id}"),
-        dead.map(|t| t - from),
-        bound,
-    ));
     let left = (from + bound - ctx.now_s()).max(0.0);
     let forgot = ctx
-        .wait_for(n, left, |s| {
-            s.members.is_some()
-                && s.member(victim)
-                    .is_none_or(|m| m.inflight_replicas.is_none())
+        .wait_all(&others, left, |s| {
+            s.members.is_some() && s.member(&v).is_none_or(|m| m.inflight_replicas.is_none())
         })
         .await;
-    ctx.log.checks.push(check::within(
-        &format!("{id} forgets {victim}'s placements within the bound"),
-        &format!("no report of {victim}'s in-flight work left on {id}"),
-        forgot.map(|t| t - from),
-        bound,
-    ));
+    for (k, n) in others.iter().enumerate() {
+        let id = ctx.cluster.routers[*n].id.clone();
+        ctx.log.checks.push(check::within(
+            &format!("{id} marks {victim} dead within the bound"),
+            &format!("{victim} not live on {id}"),
+            dead[k].map(|t| t - from),
+            bound,
+        ));
+        ctx.log.checks.push(check::within(
+            &format!("{id} forgets {victim}'s placements within the bound"),
+            &format!("no report of {victim}'s in-flight work left on {id}"),
+            forgot[k].map(|t| t - from),
+            bound,
+        ));
+    }
 }
 
 pub async fn inject(ctx: &mut Ctx<'_>) {
@@ -62,10 +76,55 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ctx.log.fault_s = Some(at);
     // Refused connections fail over at once; pooled ones break before any byte.
     ctx.log.settle_s = at + 0.5;
-    for n in (0..ctx.cluster.routers.len()).filter(|n| *n != VICTIM) {
-        wait_forgotten(ctx, n, &victim, at, MEMBERSHIP_BOUND_S).await;
-    }
+    wait_forgotten(ctx, VICTIM, at, MEMBERSHIP_BOUND_S).await;
     ctx.note(format!("survivors forgot {victim}"));
+    ctx.at(ctx.plan.recover_s).await;
+    let back = ctx.now_s();
+    if let Err(e) = ctx.cluster.restart_router(VICTIM).await {
+        return ctx.fail(format!("restarting {victim}: {e}"));
+    }
+    ctx.note(format!(
+        "router {victim} restarted with its old id and addresses"
+    ));
+    ctx.log.recover_s = Some(back);
+    rejoin_check(ctx, &victim, back).await;
+}
+
+/// Waits until every node sees all members live; records how long each took.
+pub async fn rejoin_check(ctx: &mut Ctx<'_>, victim: &str, since: f64) {
+    let all = ctx.cluster.routers.len();
+    let nodes: Vec<usize> = (0..all).collect();
+    let left = (since + REJOIN_WATCH_S - ctx.now_s()).max(0.0);
+    let got = ctx
+        .wait_all(&nodes, left, |s| {
+            s.live_members().is_some_and(|m| m.len() == all)
+        })
+        .await;
+    let took: Vec<Option<f64>> = got
+        .iter()
+        .map(|t| t.map(|t| (t - since).max(0.0)))
+        .collect();
+    let worst = took.iter().try_fold(0.0f64, |w, t| t.map(|t| w.max(t)));
+    let parts: Vec<String> = took
+        .iter()
+        .enumerate()
+        .map(|(n, t)| {
+            format!(
+                "{}: {}",
+                ctx.cluster.routers[n].id,
+                t.map_or("never".into(), |t| format!("{t:.2} s"))
+            )
+        })
+        .collect();
+    let mut c = check::within(
+        &format!("{victim} rejoins: every node sees all {all} members live again"),
+        "membership converged",
+        worst,
+        REJOIN_BOUND_S,
+    );
+    c.detail = format!("{} ({})", c.detail, parts.join(", "));
+    ctx.log.checks.push(c);
+    ctx.note("membership converged");
 }
 
 /// Waits (bounded) until node `n` has a request of its own in flight.
@@ -97,12 +156,25 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
         .iter()
         .filter(|r| r.sent_s > at && r.attempts > 1 && r.class == EndClass::Ok)
         .count();
-    vec![Check::new(
+    let mut out = vec![Check::new(
         "the kill hit requests on the node, and later clients failed over",
         !through.is_empty() && failed_over > 0,
         format!(
             "{} requests were open on n{VICTIM} at the kill ({cut} cut, excused above); {failed_over} later requests succeeded on another node after the first refused",
             through.len()
         ),
-    )]
+    )];
+    if let Some(back) = f.log.recover_s {
+        let served = f
+            .records
+            .iter()
+            .filter(|r| r.sent_s > back && r.node == Some(VICTIM) && r.class == EndClass::Ok)
+            .count();
+        out.push(Check::new(
+            "the restarted node serves requests again",
+            served > 0,
+            format!("{served} requests sent after the restart succeeded through n{VICTIM}"),
+        ));
+    }
+    out
 }

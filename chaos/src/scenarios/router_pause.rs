@@ -7,8 +7,8 @@
 //! ledgers drain to zero like everyone's.
 
 use super::common::{MESH_HEADER_FAILOVER, base_plan};
-use super::router_kill::{MEMBERSHIP_BOUND_S, wait_forgotten, wait_node_busy};
-use crate::check::{self, Check};
+use super::router_kill::{MEMBERSHIP_BOUND_S, rejoin_check, wait_forgotten, wait_node_busy};
+use crate::check::Check;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 
 pub const ABOUT: &str =
@@ -16,8 +16,6 @@ pub const ABOUT: &str =
 
 /// The node paused.
 pub const VICTIM: usize = 1;
-/// Bound for the resumed node to be a live member everywhere again (s).
-const REJOIN_BOUND_S: f64 = 20.0;
 
 pub fn plan(o: &RunOptions) -> Plan {
     let mut p = base_plan(o, 3);
@@ -37,9 +35,7 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ctx.note(format!("router {victim} SIGSTOPped"));
     ctx.log.fault_s = Some(at);
     ctx.log.settle_s = at;
-    for n in (0..ctx.cluster.routers.len()).filter(|n| *n != VICTIM) {
-        wait_forgotten(ctx, n, &victim, at, MEMBERSHIP_BOUND_S).await;
-    }
+    wait_forgotten(ctx, VICTIM, at, MEMBERSHIP_BOUND_S).await;
     ctx.note(format!("peers dropped {victim}"));
     // Stay frozen long enough that its clients must fail over.
     let min_pause = MESH_HEADER_FAILOVER.as_secs_f64() + 1.5;
@@ -51,26 +47,7 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ctx.note(format!("router {victim} SIGCONTed"));
     ctx.log.recover_s = Some(resumed);
     ctx.log.numbers.insert("paused_s".into(), resumed - at);
-    let all = ctx.cluster.routers.len();
-    let mut worst: Option<f64> = Some(0.0);
-    for n in 0..all {
-        let t = ctx
-            .wait_for(n, REJOIN_BOUND_S, |s| {
-                s.live_members().is_some_and(|m| m.len() == all)
-            })
-            .await;
-        worst = match (worst, t) {
-            (Some(w), Some(t)) => Some(w.max(t - resumed)),
-            _ => None,
-        };
-    }
-    ctx.log.checks.push(check::within(
-        &format!("{victim} rejoins: every node sees all {all} members live again"),
-        "membership converged",
-        worst,
-        REJOIN_BOUND_S,
-    ));
-    ctx.note("membership converged after the resume");
+    rejoin_check(ctx, &victim, resumed).await;
 }
 
 pub fn checks(f: &Finished<'_>) -> Vec<Check> {

@@ -1,0 +1,106 @@
+//! Short versions of every fault scenario against real `headroom` and
+//! `headroom-replica` processes on loopback. Each test starts its own cluster on
+//! ephemeral ports, runs a few seconds of load with the fault, and asserts that every
+//! invariant held — including that every process it started is gone afterwards.
+//!
+//! The binaries must sit next to this test executable's directory (cargo's
+//! `target/<profile>/`): `cargo test --workspace` builds them; with `-p headroom-chaos`
+//! alone, build them first (`headroom_chaos::bins::build_command()` names the command).
+//! Tests run one at a time (a shared lock) so their timings do not disturb each other.
+
+use std::time::Duration;
+
+use headroom_chaos::{Binaries, RunOptions, Scenario, ScenarioReport, run};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `sc` for `duration_s` seconds of load and returns its report.
+async fn short_run(sc: Scenario, duration_s: f64) -> ScenarioReport {
+    let _serial = SERIAL.lock().await;
+    let bins = Binaries::find(None).unwrap_or_else(|e| panic!("{e}"));
+    let out = tempfile::tempdir().expect("temp dir");
+    let opts = RunOptions {
+        duration_s,
+        seed: 7,
+        time_scale: 0.5,
+        rate_per_s: None,
+        slo_model_ms: None,
+        out_dir: out.path().to_path_buf(),
+        bins,
+    };
+    // Generous outer bound: a scenario's own waits are bounded well inside it.
+    tokio::time::timeout(Duration::from_secs(120), run(sc, &opts))
+        .await
+        .unwrap_or_else(|_| panic!("{} did not finish within 120 s", sc.name()))
+}
+
+/// Asserts the scenario ran, hit its fault, and every invariant held.
+fn assert_passed(r: &ScenarioReport) {
+    assert!(r.error.is_none(), "{}: setup failed: {:?}", r.name, r.error);
+    assert!(r.requests >= 50, "{}: only {} requests", r.name, r.requests);
+    let failing: Vec<String> = r
+        .checks
+        .iter()
+        .filter(|c| !c.pass)
+        .map(|c| format!("  - {}: {}", c.name, c.detail))
+        .collect();
+    assert!(
+        failing.is_empty(),
+        "{}: {} of {} checks failed:\n{}\ntimeline: {:?}",
+        r.name,
+        failing.len(),
+        r.checks.len(),
+        failing.join("\n"),
+        r.timeline
+            .iter()
+            .map(|e| format!("{:.2} {}", e.t_s, e.what))
+            .collect::<Vec<_>>()
+    );
+    for name in ["no process left behind", "no process crashed"] {
+        assert!(
+            r.checks.iter().any(|c| c.name == name),
+            "{}: check `{name}` missing",
+            r.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_killed_mid_stream() {
+    assert_passed(&short_run(Scenario::ReplicaKill, 5.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_stalls_then_recovers() {
+    assert_passed(&short_run(Scenario::ReplicaStall, 5.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_slows_down_threefold() {
+    assert_passed(&short_run(Scenario::ReplicaSlow, 10.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_breaks_streams_midway() {
+    assert_passed(&short_run(Scenario::MidstreamErrors, 5.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_node_killed_and_restarted() {
+    assert_passed(&short_run(Scenario::RouterKill, 5.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_node_paused_and_resumed() {
+    assert_passed(&short_run(Scenario::RouterPause, 6.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_metrics_turn_to_garbage() {
+    assert_passed(&short_run(Scenario::GarbageMetrics, 4.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_abandon_streams() {
+    assert_passed(&short_run(Scenario::ClientAbort, 5.0).await);
+}
