@@ -7,4 +7,5 @@ echo "== fmt";    cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests";  cargo test --workspace
 echo "== deploy"; deploy/check.sh
+echo "== openai client"; scripts/py/test-openai-client.sh
 echo "== real vLLM (installs vLLM's CPU build into ~/.cache/headroom once)"; scripts/vllm/test-real.sh
