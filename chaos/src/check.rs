@@ -163,6 +163,33 @@ pub fn output_integrity(records: &[Record]) -> Check {
     )
 }
 
+/// Every request the harness sends is valid, so a 4xx answer other than 429 (shed)
+/// is the router refusing a request it should have served.
+pub fn no_client_errors(records: &[Record]) -> Check {
+    let bad: Vec<&Record> = records
+        .iter()
+        .filter(|r| {
+            r.status
+                .is_some_and(|s| (400..500).contains(&s) && s != 429)
+        })
+        .collect();
+    let mut detail = format!("{} valid requests answered with a 4xx", bad.len());
+    for r in bad.iter().take(3) {
+        detail.push_str(&format!(
+            "; #{} at {:.2} s via node {:?}: {}",
+            r.id,
+            r.sent_s,
+            r.node,
+            r.detail.as_deref().unwrap_or("-")
+        ));
+    }
+    Check::new(
+        "valid requests never get a 4xx (other than 429)",
+        bad.is_empty(),
+        detail,
+    )
+}
+
 /// At least `min_rate` of requests sent in `[from_s, to_s)` succeeded.
 pub fn success_after(records: &[Record], from_s: f64, to_s: f64, min_rate: f64) -> Check {
     // Requests whose client walked away on purpose have no outcome to judge.

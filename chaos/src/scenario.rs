@@ -320,6 +320,7 @@ pub async fn run(sc: Scenario, opts: &RunOptions) -> ScenarioReport {
         check::ends_within_bound(records, plan.client.deadline.as_secs_f64()),
         check::clean_ends(records, |r| excused(&fin, r)),
         check::output_integrity(records),
+        check::no_client_errors(records),
         check::success_after(records, log.settle_s, plan.load.duration_s, 0.99),
         crate::scenarios::balanced_before(&fin),
     ];

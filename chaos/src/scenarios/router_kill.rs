@@ -80,7 +80,9 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ctx.note(format!("survivors forgot {victim}"));
     ctx.at(ctx.plan.recover_s).await;
     let back = ctx.now_s();
+    let watch = watch_startup(ctx, VICTIM);
     if let Err(e) = ctx.cluster.restart_router(VICTIM).await {
+        watch.abort();
         return ctx.fail(format!("restarting {victim}: {e}"));
     }
     ctx.note(format!(
@@ -88,6 +90,100 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ));
     ctx.log.recover_s = Some(back);
     rejoin_check(ctx, &victim, back).await;
+    let got = watch.await.unwrap_or_default();
+    ctx.log.checks.push(startup_check(&victim, &got));
+}
+
+/// Longest a restarted node is watched for its first answers (s).
+const STARTUP_WATCH_S: f64 = 15.0;
+/// Successful answers after which the watch stops.
+const STARTUP_OKS: usize = 5;
+
+/// Concurrent pollers of a restarting node.
+const STARTUP_POLLERS: u64 = 4;
+
+/// From before a restart until the node has served a few requests, small valid
+/// requests are sent to it back to back by a few concurrent clients (as clients behind
+/// DNS would the moment the address accepts connections); every answer is kept.
+/// Refused connections are not answers.
+fn watch_startup(ctx: &Ctx<'_>, n: usize) -> tokio::task::JoinHandle<Vec<crate::client::Record>> {
+    let nodes = std::sync::Arc::new(vec![ctx.cluster.routers[n].url()]);
+    let settings = std::sync::Arc::new(crate::client::ClientSettings {
+        header_failover: None,
+        deadline: std::time::Duration::from_secs(5),
+        ..ctx.plan.client.clone()
+    });
+    let (t0, client) = (ctx.t0, ctx.cluster.client.clone());
+    let oks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let end = std::time::Instant::now() + std::time::Duration::from_secs_f64(STARTUP_WATCH_S);
+    tokio::spawn(async move {
+        let pollers = (0..STARTUP_POLLERS).map(|p| {
+            let (nodes, settings, client, oks) =
+                (nodes.clone(), settings.clone(), client.clone(), oks.clone());
+            async move {
+                let mut got = Vec::new();
+                let mut k = 0;
+                while std::time::Instant::now() < end
+                    && oks.load(std::sync::atomic::Ordering::Relaxed) < STARTUP_OKS
+                {
+                    let spec = crate::client::RequestSpec {
+                        id: 1_000_000 + p * 100_000 + k,
+                        kind: crate::client::Kind::Whole,
+                        due_s: 0.0,
+                        max_tokens: 4,
+                        prompt_words: 8,
+                        primary: 0,
+                        abandon_after: None,
+                    };
+                    k += 1;
+                    let r = crate::client::run_request(&client, &nodes, &spec, &settings, t0).await;
+                    if r.class == EndClass::Ok {
+                        oks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if r.status.is_some() {
+                        got.push(r);
+                    } else {
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                }
+                got
+            }
+        });
+        futures_util::future::join_all(pollers)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    })
+}
+
+/// A starting node never refuses a valid request with a 4xx: before it can serve it
+/// says so with a retryable 503 (or does not accept connections yet).
+fn startup_check(id: &str, got: &[crate::client::Record]) -> Check {
+    let ok = got.iter().filter(|r| r.class == EndClass::Ok).count();
+    let refused: Vec<&crate::client::Record> = got
+        .iter()
+        .filter(|r| {
+            r.status
+                .is_some_and(|s| (400..500).contains(&s) && s != 429)
+        })
+        .collect();
+    let other = got.len() - ok - refused.len();
+    Check::new(
+        &format!("{id} never refuses a valid request with a 4xx while starting"),
+        refused.is_empty() && ok > 0,
+        format!(
+            "{} answers from the moment {id} accepted connections: {ok} ok, {other} retryable errors, {} 4xx{}",
+            got.len(),
+            refused.len(),
+            refused.first().map_or(String::new(), |r| format!(
+                " (first at {:.3} s: HTTP {:?} {})",
+                r.sent_s,
+                r.status,
+                r.detail.as_deref().unwrap_or("-")
+            ))
+        ),
+    )
 }
 
 /// Waits until every node sees all members live; records how long each took.
