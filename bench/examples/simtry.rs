@@ -29,12 +29,16 @@ fn main() -> anyhow::Result<()> {
     wl.requests.truncate(n);
     let wl = wl.clone().with_slo(&SloRule::for_trace(&wl.name));
     for p in policies.split(',') {
-        let cfg = SimConfig {
+        let mut cfg = SimConfig {
             policy: p.into(),
             rate_scale: scale,
             fleet: parse_fleet(&fleet).map_err(anyhow::Error::msg)?,
             ..SimConfig::default()
         };
+        // Policy experiments: SLO_CFG='{"cache_weight":2.0}' overrides the slo knobs.
+        if let Ok(j) = std::env::var("SLO_CFG") {
+            cfg.slo = serde_json::from_str(&j)?;
+        }
         let r = simulate(&wl, cfg)?;
         let n = r.records.len() as f64;
         let met = r.records.iter().filter(|x| x.met_both()).count() as f64 / n;

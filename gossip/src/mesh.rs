@@ -86,11 +86,22 @@ impl Mesh {
         let qt = transport_config(cfg.idle_timeout, cfg.keep_alive, cfg.handshake_rtt);
         let server = cfg.tls.server_config(qt.clone())?;
         let client = cfg.tls.client_config(qt)?;
-        let mut endpoint =
-            quinn::Endpoint::server(server, cfg.listen_addr).map_err(|source| MeshError::Bind {
-                addr: cfg.listen_addr,
-                source,
-            })?;
+        let bind_err = |source| MeshError::Bind {
+            addr: cfg.listen_addr,
+            source,
+        };
+        // The stateless-reset key comes from the node's private key, so a node restarted
+        // on the same address resets its peers' connections to its previous process at
+        // once; with a random key they would linger, swallowing replies, until idle.
+        let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &cfg.tls.reset_secret());
+        let socket = std::net::UdpSocket::bind(cfg.listen_addr).map_err(bind_err)?;
+        let mut endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::new(Arc::new(reset_key)),
+            Some(server),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(bind_err)?;
         endpoint.set_default_client_config(client);
         let bound = endpoint.local_addr().map_err(|source| MeshError::Bind {
             addr: cfg.listen_addr,

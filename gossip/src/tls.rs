@@ -188,6 +188,17 @@ impl TlsIdentity {
     }
 
     /// quinn server config requiring a client certificate from the cluster CA.
+    /// A secret derived from the private key (SHA-256 under a fixed label): stable
+    /// across restarts of the same node, unguessable without its key.
+    pub(crate) fn reset_secret(&self) -> [u8; 32] {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"headroom-gossip stateless reset v1\0");
+        ctx.update(self.key.secret_der());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
+    }
+
     pub(crate) fn server_config(
         &self,
         transport: Arc<quinn::TransportConfig>,

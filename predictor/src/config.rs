@@ -54,7 +54,7 @@ impl Default for DriftConfig {
             boost: 4.0,
             boost_s: 60.0,
             min_sigma: 0.1,
-            min_labels: 50,
+            min_labels: 10,
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::calibration::ScoreQuantiles;
+use crate::calibration::{Q_LIMIT, ScoreQuantiles};
 use crate::class_model::{ClassModel, ClassTrack, ErrTrack, SolveParams};
 use crate::config::{CorrectionMode, DriftConfig, PredictorConfig};
 use crate::counters::{CounterValues, Counters};
@@ -38,6 +38,8 @@ const COVERAGE_MIN_LABELS: u64 = 20;
 /// offset |c| is material (≥ LATCH_SET, log units), releases below LATCH_RELEASE.
 const LATCH_SET: f64 = 0.15;
 const LATCH_RELEASE: f64 = 0.1;
+/// Rate of the per-replica fast residual EWMA (≈ the last 3 labels).
+const FAST_RATE: f64 = 0.3;
 
 /// One observed outcome of a placement, with the observation made at dispatch.
 #[derive(Clone, Copy, Debug, Default)]
@@ -754,14 +756,19 @@ fn learn_target<const D: usize>(
 
     // Drift: residual against the corrected class model, whether or not it is applied.
     let r_class = (y / mu_class).ln();
-    let armed = at_s >= rt.boost_until_s;
-    if rt
-        .ph
-        .update(r_class - c_merged, rt.q.sigma(k.z_hi), armed, &k.drift)
-    {
+    rt.fast = if rt.labels == 0 {
+        r_class
+    } else {
+        rt.fast + FAST_RATE * (r_class - rt.fast)
+    };
+    let armed = at_s >= rt.boost_until_s && rt.labels >= k.drift.min_labels;
+    let sigma = rt.q.sigma(k.z_hi).max(k.drift.min_sigma);
+    if rt.ph.update(r_class - c_merged, sigma, armed, &k.drift) {
         rt.boost_until_s = at_s + k.drift.boost_s;
         rt.alarms += 1;
         rt.latched = true;
+        // A change point: the labels since it say where the replica is now.
+        rt.corr = rt.fast.clamp(-Q_LIMIT, Q_LIMIT);
     }
     let boosted = at_s < rt.boost_until_s;
     let eta = if boosted {

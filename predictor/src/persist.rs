@@ -25,7 +25,7 @@ use crate::snapshot::{Snapshot, SnapshotData};
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
 /// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -202,6 +202,7 @@ fn quant_ok(q: &ScoreQuantiles) -> bool {
 fn track_ok(t: &TargetTrack) -> bool {
     finite(&[
         t.corr,
+        t.fast,
         t.corr_w,
         t.coverage,
         t.err.abs_ms,

@@ -14,6 +14,10 @@ use crate::drift::PageHinkley;
 pub(crate) struct TargetTrack {
     /// Own median of log(y/ŷ_class).
     pub corr: f64,
+    /// Fast EWMA of log(y/ŷ_class): where the residual sits now. A drift alarm moves
+    /// `corr` here at once; the median tracker's small steps would take dozens of labels
+    /// to absorb a replica that became 3× slower.
+    pub fast: f64,
     /// Forward-decayed label weight behind `corr`, relative to `corr_landmark`.
     pub corr_w: f64,
     pub corr_landmark: f64,
@@ -41,6 +45,7 @@ impl TargetTrack {
     pub fn new(q: ScoreQuantiles) -> Self {
         Self {
             corr: 0.0,
+            fast: 0.0,
             corr_w: 0.0,
             corr_landmark: f64::NEG_INFINITY,
             q: ScoreQuantiles { n: 0, ..q },

@@ -201,7 +201,7 @@ fn per_replica_correction_absorbs_a_replica_1_5x_slower_than_its_class() {
 }
 
 #[test]
-fn a_2x_step_slowdown_of_one_replica_is_absorbed_within_minutes_of_labels() {
+fn a_2x_step_slowdown_of_one_replica_is_absorbed_within_seconds_of_labels() {
     let mut keys: Vec<(ReplicaKey, Engine)> = (0..2)
         .map(|r| (ReplicaKey::new(r, 0), Engine::h100()))
         .collect();
@@ -235,16 +235,22 @@ fn a_2x_step_slowdown_of_one_replica_is_absorbed_within_minutes_of_labels() {
             .collect();
         median(r)
     };
-    let (first, minute, settled) = (window(0.0, 10.0), window(30.0, 90.0), window(120.0, 300.0));
+    let (first, soon, settled) = (window(0.0, 10.0), window(10.0, 30.0), window(120.0, 300.0));
     let report = l.snapshot(1800.0).replica_report(1).expect("known");
     eprintln!(
-        "drifted replica: median actual/predicted {first:.2} in the first 10 s, {minute:.2} at 30-90 s, {settled:.2} at 2-5 min; alarms {}",
+        "drifted replica: median actual/predicted {first:.2} in the first 10 s, {soon:.2} at 10-30 s, {settled:.2} at 2-5 min; alarms {}",
         report.ttft.drift_alarms
     );
     assert!(first > 1.4, "the drift is visible at first ({first:.2})");
+    // The alarm moves the correction to where the residuals now sit: absorbed within
+    // ~20 labels of the drifted replica, not the hundreds a median tracker would need.
+    assert!(
+        (soon - 1.0).abs() < 0.1,
+        "absorbed 10-30 s after the drift ({soon:.2})"
+    );
     assert!(
         (settled - 1.0).abs() < 0.12,
-        "absorbed within 2 minutes ({settled:.2})"
+        "stays absorbed ({settled:.2})"
     );
     assert!(
         report.ttft.drift_alarms >= 1,

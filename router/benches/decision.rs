@@ -49,7 +49,8 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
                 }],
                 known: true,
             }));
-            r.health.on_success(0, &Default::default());
+            r.health
+                .on_success(headroom::fleet::Signal::Probe, 0, &Default::default());
             r.scraped.store(Some(Arc::new(Scraped {
                 at_s: 0.0,
                 engine: EngineKind::Vllm,

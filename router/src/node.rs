@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::RouterConfig,
-    fleet::{Fleet, view::Origin},
+    fleet::{Fleet, Signal, view::Origin},
     metrics::Metrics,
     policy::{self, Policy, PolicyName},
     prefix::PrefixIndex,
@@ -37,6 +37,9 @@ pub struct Node {
     pub deferred: std::sync::atomic::AtomicUsize,
     tokenizers: HashMap<String, Tokenizer>,
     outputs: OutputEstimator,
+    /// Per model: prompt bytes per token, learned from replicas' usage reports (the
+    /// estimator's ratio for models without a configured tokenizer).
+    text_ratio: Mutex<HashMap<String, f64>>,
 }
 
 impl Node {
@@ -77,6 +80,7 @@ impl Node {
             metrics,
             tokenizers,
             outputs: OutputEstimator::default(),
+            text_ratio: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -91,7 +95,13 @@ impl Node {
                     .tokenizers
                     .get(&req.model)
                     .unwrap_or(&Tokenizer::Estimate);
-                let mut s = tokens::shape_of_text(tok, t, block, max_blocks);
+                let ratio = self
+                    .text_ratio
+                    .lock()
+                    .get(&req.model)
+                    .copied()
+                    .unwrap_or(tokens::EST_BYTES_PER_TOKEN);
+                let mut s = tokens::shape_of_text(tok, t, block, max_blocks, ratio);
                 // Chat templates add a few tokens per message.
                 s.tokens = s.tokens.saturating_add(4 * req.messages as u32);
                 s
@@ -153,6 +163,21 @@ impl Node {
         }
     }
 
+    /// Refines a model's bytes-per-token ratio from a usage report (estimator only).
+    fn learn_text_ratio(&self, o: &Outcome) {
+        let (Some(bytes), Some(tokens)) = (o.prompt_bytes, o.prompt_tokens) else {
+            return;
+        };
+        if self.tokenizers.contains_key(&o.model) {
+            return;
+        }
+        let mut m = self.text_ratio.lock();
+        let prev = m.get(&o.model).copied();
+        if let Some(r) = next_text_ratio(prev, bytes, tokens, o.prompt_messages) {
+            m.insert(o.model.clone(), r);
+        }
+    }
+
     /// Records a finished request: metrics, health and learning.
     pub fn observe(&self, o: Outcome) {
         self.learn(&o);
@@ -171,22 +196,40 @@ impl Node {
         let now = crate::clock::now_ms();
         match o.status {
             OutcomeStatus::Ok => {
-                o.replica.health.on_success(now, &self.cfg.health);
+                o.replica
+                    .health
+                    .on_success(Signal::Request, now, &self.cfg.health);
                 if let Some(n) = o.output_tokens {
                     self.outputs.observe(&o.model, n);
                 }
+                self.learn_text_ratio(&o);
             }
             OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut => {
                 m.upstream_errors
                     .with_label_values(&[r, o.status.label()])
                     .inc();
-                if o.replica.health.on_failure(now, &self.cfg.health) {
+                if o.replica
+                    .health
+                    .on_failure(Signal::Request, now, &self.cfg.health)
+                {
                     m.ejection(r);
                 }
             }
             OutcomeStatus::Cancelled => {}
         }
     }
+}
+
+/// The next bytes-per-token estimate after a usage report: an EWMA of bytes over the
+/// prompt's text tokens (chat templates' ~4 tokens per message removed); `None` when
+/// the report is too small to say anything.
+pub fn next_text_ratio(prev: Option<f64>, bytes: usize, tokens: u32, messages: u32) -> Option<f64> {
+    let text_tokens = tokens.saturating_sub(4 * messages) as f64;
+    if text_tokens < 8.0 || bytes < 32 {
+        return None;
+    }
+    let r = (bytes as f64 / text_tokens).clamp(0.5, 16.0);
+    Some(prev.map_or(r, |p| 0.9 * p + 0.1 * r))
 }
 
 /// Constructs a policy by name.
@@ -231,5 +274,20 @@ impl OutputEstimator {
             .entry(model.to_string())
             .or_insert(output_tokens as f64);
         *e = 0.95 * *e + 0.05 * output_tokens as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn text_ratio_converges_to_what_replicas_report() {
+        let mut r = None;
+        for _ in 0..60 {
+            r = super::next_text_ratio(r, 3000, 1000 + 8, 2).or(r);
+        }
+        assert!((r.unwrap() - 3.0).abs() < 0.01, "{r:?}");
+        assert_eq!(super::next_text_ratio(Some(3.0), 10, 2, 0), None);
+        // Absurd reports are clamped, never NaN.
+        assert_eq!(super::next_text_ratio(None, 1_000_000, 10, 0), Some(16.0));
     }
 }

@@ -12,15 +12,21 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// Seed of the first block in every chain (any constant; fixed so all nodes agree).
 const CHAIN_SEED: u64 = 0x6865_6164_726f_6f6d; // "headroom"
 
-/// Bytes per token assumed by the estimator (English text under BPE vocabularies).
-const EST_BYTES_PER_TOKEN: usize = 4;
+/// Bytes per token the estimator starts from (English text under BPE vocabularies);
+/// nodes refine it per model from the prompt token counts replicas report.
+pub const EST_BYTES_PER_TOKEN: f64 = 4.0;
+
+/// Bytes hashed per prefix block with the estimator (a fixed size, so block hashes do
+/// not move when the learned ratio does).
+const EST_BLOCK_BYTES_PER_TOKEN: usize = 4;
 
 /// How a model's prompts are measured.
 #[derive(Clone)]
 pub enum Tokenizer {
     /// A real BPE tokenizer.
     Bpe(Arc<CoreBPE>),
-    /// Bytes / 4, with byte-chunk block hashing: cheap, approximate.
+    /// Bytes / (bytes per token), with byte-chunk block hashing: cheap, approximate;
+    /// the ratio is learned per model from the replicas' usage reports.
     Estimate,
 }
 
@@ -105,6 +111,7 @@ pub fn shape_of_text(
     text: &str,
     block_tokens: usize,
     max_blocks: usize,
+    bytes_per_token: f64,
 ) -> PromptShape {
     match tok {
         Tokenizer::Bpe(bpe) => {
@@ -113,12 +120,17 @@ pub fn shape_of_text(
         }
         Tokenizer::Estimate => {
             let bytes = text.as_bytes();
-            let tokens = bytes.len().div_ceil(EST_BYTES_PER_TOKEN);
+            let ratio = if bytes_per_token.is_finite() && bytes_per_token >= 0.5 {
+                bytes_per_token
+            } else {
+                EST_BYTES_PER_TOKEN
+            };
+            let tokens = (bytes.len() as f64 / ratio).ceil();
             PromptShape {
-                tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+                tokens: tokens.min(u32::MAX as f64) as u32,
                 blocks: chain(
                     bytes,
-                    block_tokens * EST_BYTES_PER_TOKEN,
+                    block_tokens * EST_BLOCK_BYTES_PER_TOKEN,
                     max_blocks,
                     <[u8]>::to_vec,
                 ),
@@ -140,8 +152,15 @@ mod tests {
             &format!("{base}{}", "first question ".repeat(20)),
             16,
             1000,
+            4.0,
         );
-        let b = shape_of_text(&t, &format!("{base}{}", "second ask ".repeat(30)), 16, 1000);
+        let b = shape_of_text(
+            &t,
+            &format!("{base}{}", "second ask ".repeat(30)),
+            16,
+            1000,
+            4.0,
+        );
         let common = a
             .blocks
             .iter()
@@ -165,9 +184,23 @@ mod tests {
     #[test]
     fn bpe_counts_real_tokens() {
         let t = Tokenizer::by_name("cl100k").unwrap();
-        let s = shape_of_text(&t, "hello world", 16, 10);
+        let s = shape_of_text(&t, "hello world", 16, 10, 4.0);
         assert_eq!(s.tokens, 2);
         assert!(Tokenizer::by_name("nope").is_err());
+    }
+
+    #[test]
+    fn estimator_uses_the_given_ratio_but_hashes_fixed_chunks() {
+        let t = Tokenizer::Estimate;
+        let text = "x".repeat(1000);
+        let a = shape_of_text(&t, &text, 16, 100, 4.0);
+        let b = shape_of_text(&t, &text, 16, 100, 2.5);
+        assert_eq!((a.tokens, b.tokens), (250, 400));
+        assert_eq!(
+            a.blocks, b.blocks,
+            "block hashes must not depend on the ratio"
+        );
+        assert_eq!(shape_of_text(&t, &text, 16, 100, f64::NAN).tokens, 250);
     }
 
     #[test]

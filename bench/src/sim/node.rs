@@ -52,7 +52,8 @@ pub fn replica_view(
         known: true,
     }));
     // Simulated replicas never fail health checks.
-    r.health.on_success(0, &Default::default());
+    r.health
+        .on_success(headroom::fleet::Signal::Probe, 0, &Default::default());
     Ok(r)
 }
 

@@ -18,6 +18,8 @@ pub const ABOUT: &str =
 pub const VICTIM: usize = 1;
 /// Bound for the survivors to see the death and forget its placements (s).
 pub const MEMBERSHIP_BOUND_S: f64 = 20.0;
+/// Seconds between the survivors forgetting the victim and its restart.
+const RESTART_AFTER_S: f64 = 1.0;
 /// Bound for a returning node to be a live member everywhere again (s): a few gossip
 /// rounds and heartbeats, more than the 3 s peer TTL.
 pub const REJOIN_BOUND_S: f64 = 5.0;
@@ -78,7 +80,8 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ctx.log.settle_s = at + 0.5;
     wait_forgotten(ctx, VICTIM, at, MEMBERSHIP_BOUND_S).await;
     ctx.note(format!("survivors forgot {victim}"));
-    ctx.at(ctx.plan.recover_s).await;
+    // Back soon after the survivors gave up on it, as a supervisor would restart it.
+    ctx.at(ctx.now_s() + RESTART_AFTER_S).await;
     let back = ctx.now_s();
     let watch = watch_startup(ctx, VICTIM);
     if let Err(e) = ctx.cluster.restart_router(VICTIM).await {

@@ -80,6 +80,9 @@ pub(crate) struct Transport {
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
     live_conns: Mutex<HashMap<usize, quinn::Connection>>,
     backoff: Mutex<HashMap<SocketAddr, Instant>>,
+    /// Woken whenever an inbound connection becomes a peer's reply path, so a dial in
+    /// progress to that peer can use it instead of waiting out its timeout.
+    inbound_bound: tokio::sync::Notify,
 }
 
 /// What a connection's serving task knows about its peer.
@@ -125,6 +128,7 @@ impl Transport {
             conns: Mutex::new(HashMap::new()),
             live_conns: Mutex::new(HashMap::new()),
             backoff: Mutex::new(HashMap::new()),
+            inbound_bound: tokio::sync::Notify::new(),
         });
         (t, [rx0, rx1])
     }
@@ -248,10 +252,8 @@ impl Transport {
     /// The cached connection to `to`, or a new one (dialled with the member's node id as
     /// TLS server name when known). `None` while backing off after a failed dial.
     async fn connection(self: &Arc<Self>, to: SocketAddr) -> Option<quinn::Connection> {
-        if let Some(c) = self.conns.lock().get(&to)
-            && c.close_reason().is_none()
-        {
-            return Some(c.clone());
+        if let Some(c) = self.cached(to) {
+            return Some(c);
         }
         if self
             .backoff
@@ -275,7 +277,21 @@ impl Transport {
                 e.to_string()
             })
         };
-        let res = tokio::time::timeout(self.settings.connect_timeout, attempt).await;
+        // A restarted peer dials us while our dial to it may hang (its old process is
+        // gone): whichever connection is ready first carries the message.
+        let inbound = async {
+            loop {
+                let woken = self.inbound_bound.notified();
+                if let Some(c) = self.cached(to) {
+                    return c;
+                }
+                woken.await;
+            }
+        };
+        let res = tokio::select! {
+            r = tokio::time::timeout(self.settings.connect_timeout, attempt) => r,
+            c = inbound => return Some(c),
+        };
         let conn = match res {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return self.dial_failed(to, &e),
@@ -303,6 +319,15 @@ impl Transport {
             },
         );
         Some(conn)
+    }
+
+    /// The open cached connection to `to`, if any.
+    fn cached(&self, to: SocketAddr) -> Option<quinn::Connection> {
+        self.conns
+            .lock()
+            .get(&to)
+            .filter(|c| c.close_reason().is_none())
+            .cloned()
     }
 
     fn dial_failed(&self, to: SocketAddr, why: &str) -> Option<quinn::Connection> {
@@ -451,14 +476,12 @@ impl Transport {
         };
         if bound.is_none() {
             *ctx.bound_addr.lock() = Some(f.sender);
-            // Reuse this inbound connection for replies unless one is already cached.
-            let mut conns = self.conns.lock();
-            let stale = conns
-                .get(&f.sender)
-                .is_none_or(|c| c.close_reason().is_some());
-            if stale {
-                conns.insert(f.sender, conn.clone());
-            }
+            // Replies go on the peer's newest connection. A cached one may be a ghost: a
+            // restarted peer (same address, new process) cannot reset our old connection
+            // (its reset key is new), so that one would swallow replies until it idles
+            // out. Replacing without closing cannot churn: neither side redials.
+            self.conns.lock().insert(f.sender, conn.clone());
+            self.inbound_bound.notify_waiters();
         }
         Counters::add(&self.counters.messages_received, 1);
         Counters::add(&self.counters.bytes_received, bytes.len() as u64);

@@ -1,7 +1,10 @@
 //! Replica health: active probes plus passive outlier ejection, with backoff.
 //!
 //! States: `Unknown` until the first success, `Healthy`, `Ejected` after
-//! `eject_after_failures` consecutive failures. An ejected replica is re-admitted by
+//! `eject_after_failures` consecutive failures of one kind. Probes and requests keep
+//! separate streaks: a replica whose `/health` answers while every stream it serves
+//! breaks must still be ejected, so a probe success never clears request failures
+//! (and vice versa). An ejected replica is re-admitted by
 //! the first success after its ejection period; each ejection doubles the next period
 //! (up to the max), and a replica healthy for a full max period starts over.
 
@@ -17,10 +20,20 @@ pub enum HealthState {
     Ejected,
 }
 
+/// Where a health signal came from; each source keeps its own failure streak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// The active `/health` probe.
+    Probe,
+    /// A routed request (connect error, 5xx, broken stream, or success).
+    Request,
+}
+
 #[derive(Debug, Default)]
 pub struct Health {
     state: AtomicU8,
-    consecutive_failures: AtomicU32,
+    probe_failures: AtomicU32,
+    request_failures: AtomicU32,
     ejected_until_ms: AtomicU64,
     ejections_in_a_row: AtomicU32,
     healthy_since_ms: AtomicU64,
@@ -44,8 +57,18 @@ impl Health {
         self.state.load(Relaxed) == HEALTHY
     }
 
+    /// The longer of the two failure streaks.
     pub fn consecutive_failures(&self) -> u32 {
-        self.consecutive_failures.load(Relaxed)
+        self.probe_failures
+            .load(Relaxed)
+            .max(self.request_failures.load(Relaxed))
+    }
+
+    fn streak(&self, signal: Signal) -> &AtomicU32 {
+        match signal {
+            Signal::Probe => &self.probe_failures,
+            Signal::Request => &self.request_failures,
+        }
     }
 
     pub fn total_ejections(&self) -> u64 {
@@ -56,9 +79,9 @@ impl Health {
         self.ejected_until_ms.load(Relaxed)
     }
 
-    /// A probe, scrape or request succeeded at `now_ms`. Returns true on re-admission.
-    pub fn on_success(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
-        self.consecutive_failures.store(0, Relaxed);
+    /// A probe or request succeeded at `now_ms`. Returns true on re-admission.
+    pub fn on_success(&self, signal: Signal, now_ms: u64, cfg: &HealthConfig) -> bool {
+        self.streak(signal).store(0, Relaxed);
         match self.state.load(Relaxed) {
             EJECTED if now_ms < self.ejected_until_ms.load(Relaxed) => false,
             HEALTHY => {
@@ -69,6 +92,9 @@ impl Health {
                 false
             }
             prev => {
+                // A fresh start: the streaks that ejected it are history.
+                self.probe_failures.store(0, Relaxed);
+                self.request_failures.store(0, Relaxed);
                 self.healthy_since_ms.store(now_ms, Relaxed);
                 self.state.store(HEALTHY, Relaxed);
                 prev == EJECTED
@@ -78,8 +104,8 @@ impl Health {
 
     /// A probe timed out, a connection failed or a request got a 5xx. Returns true
     /// when this failure ejected the replica.
-    pub fn on_failure(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
-        let n = self.consecutive_failures.fetch_add(1, Relaxed) + 1;
+    pub fn on_failure(&self, signal: Signal, now_ms: u64, cfg: &HealthConfig) -> bool {
+        let n = self.streak(signal).fetch_add(1, Relaxed) + 1;
         // An already ejected replica stays out until its current period ends.
         if n < cfg.eject_after_failures || self.state.load(Relaxed) == EJECTED {
             return false;
@@ -114,23 +140,42 @@ mod tests {
         let h = Health::default();
         let c = cfg();
         assert_eq!(h.state(), HealthState::Unknown);
-        h.on_success(0, &c);
+        h.on_success(Signal::Probe, 0, &c);
         assert!(h.routable());
-        assert!(!h.on_failure(10, &c));
-        h.on_success(11, &c); // resets the streak
-        assert!(!h.on_failure(12, &c));
-        assert!(!h.on_failure(13, &c));
-        assert!(h.on_failure(14, &c));
+        assert!(!h.on_failure(Signal::Request, 10, &c));
+        h.on_success(Signal::Request, 11, &c); // resets the streak
+        assert!(!h.on_failure(Signal::Request, 12, &c));
+        assert!(!h.on_failure(Signal::Request, 13, &c));
+        assert!(h.on_failure(Signal::Request, 14, &c));
         assert_eq!(h.state(), HealthState::Ejected);
-        assert!(!h.on_success(50, &c), "too early");
+        assert!(!h.on_success(Signal::Probe, 50, &c), "too early");
         assert!(!h.routable());
-        assert!(h.on_success(120, &c));
+        assert!(h.on_success(Signal::Probe, 120, &c));
         assert!(h.routable());
         // Second ejection doubles the period.
         for t in 130..133 {
-            h.on_failure(t, &c);
+            h.on_failure(Signal::Probe, t, &c);
         }
         assert_eq!(h.ejected_until_ms(), 132 + 200);
         assert_eq!(h.total_ejections(), 2);
+    }
+
+    #[test]
+    fn passing_probes_do_not_hide_breaking_requests() {
+        // /health answers between broken streams: the request streak still ejects.
+        let h = Health::default();
+        let c = cfg();
+        h.on_success(Signal::Probe, 0, &c);
+        assert!(!h.on_failure(Signal::Request, 1, &c));
+        h.on_success(Signal::Probe, 2, &c);
+        assert!(!h.on_failure(Signal::Request, 3, &c));
+        h.on_success(Signal::Probe, 4, &c);
+        assert!(h.on_failure(Signal::Request, 5, &c));
+        assert!(!h.routable());
+        // Re-admitted by a probe after the period, with both streaks cleared.
+        assert!(h.on_success(Signal::Probe, 200, &c));
+        assert_eq!(h.consecutive_failures(), 0);
+        assert!(!h.on_failure(Signal::Request, 201, &c));
+        assert!(h.routable());
     }
 }

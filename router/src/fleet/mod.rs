@@ -9,7 +9,7 @@ pub mod scrape;
 pub mod tasks;
 pub mod view;
 
-pub use health::{Health, HealthState};
+pub use health::{Health, HealthState, Signal};
 pub use replica::{ModelEntry, PeerLoad, Replica, ServedModels, key_of};
 pub use scrape::{EngineKind, Scraped, parse_metrics};
 pub use view::Fleet;

@@ -7,7 +7,7 @@ use rand::Rng;
 use serde_json::Value;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{Fleet, ModelEntry, Replica, ServedModels, parse_metrics, view::Origin};
+use super::{Fleet, ModelEntry, Replica, ServedModels, Signal, parse_metrics, view::Origin};
 use crate::{clock, config::DnsDiscovery, config::ReplicaConfig, upstream};
 
 const METRICS_MAX_BYTES: usize = 4 << 20;
@@ -113,10 +113,10 @@ async fn probe_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToken
         );
         let now = clock::now_ms();
         if ok {
-            if r.health.on_success(now, cfg) {
+            if r.health.on_success(Signal::Probe, now, cfg) {
                 tracing::info!(replica = %r.name, "replica re-admitted");
             }
-        } else if r.health.on_failure(now, cfg) {
+        } else if r.health.on_failure(Signal::Probe, now, cfg) {
             fleet.metrics.ejection(&r.name);
             tracing::warn!(replica = %r.name, "replica ejected: health probes failing");
         }

@@ -44,6 +44,9 @@ pub fn build_candidates<'a>(
     now_s: f64,
 ) -> Result<Vec<Candidate<'a>>, CandidateError> {
     let mut serving = 0usize;
+    // Replicas whose `/v1/models` never answered might serve the model: until every
+    // list is known an absent model is "not yet", a retryable 503, never a 404.
+    let mut unknown_lists = 0usize;
     let mut longest: Option<u32> = None;
     let need = req
         .prompt_tokens
@@ -52,6 +55,7 @@ pub fn build_candidates<'a>(
     for r in replicas {
         let models = r.models.load();
         let Some(entry) = models.get(&req.model) else {
+            unknown_lists += usize::from(!models.known);
             continue;
         };
         serving += 1;
@@ -88,6 +92,9 @@ pub fn build_candidates<'a>(
         });
     }
     if serving == 0 {
+        if unknown_lists > 0 {
+            return Err(CandidateError::NoHealthy(req.model.clone()));
+        }
         return Err(CandidateError::UnknownModel(req.model.clone()));
     }
     if out.is_empty() {
@@ -130,5 +137,49 @@ pub fn fill_prefix_matches(
     for (c, m) in cands.iter_mut().zip(matched) {
         // vLLM always computes at least one prompt token.
         c.cached_tokens = (m.saturating_mul(block_tokens)).min(req.prompt_tokens.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        fleet::{ModelEntry, ServedModels},
+        policy::peers::testkit,
+    };
+
+    fn params() -> CandidateParams {
+        CandidateParams {
+            block_tokens: 16,
+            stale_after_s: 1.0,
+        }
+    }
+
+    fn serving(r: &Replica, model: &str) {
+        r.models.store(Arc::new(ServedModels {
+            models: vec![ModelEntry {
+                id: model.into(),
+                parent: None,
+                max_model_len: Some(4096),
+            }],
+            known: true,
+        }));
+    }
+
+    #[test]
+    fn absent_model_is_not_yet_while_a_list_is_unknown() {
+        // A restarted node has not heard `/v1/models` yet: "try again", not "no such model".
+        let rs: Vec<Arc<Replica>> = testkit::replicas(2).into_iter().map(Arc::new).collect();
+        let prefix = PrefixIndex::new(64);
+        let req = testkit::req(10);
+        let err = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap_err();
+        assert_eq!(err, CandidateError::NoHealthy("m".into()));
+        // Once every list is known, an absent model is a definite 404.
+        serving(&rs[0], "other");
+        serving(&rs[1], "other");
+        let err = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap_err();
+        assert_eq!(err, CandidateError::UnknownModel("m".into()));
     }
 }

@@ -273,6 +273,7 @@ impl Policy for SloPolicy {
             d.fallback = Some("cold-model");
             return d;
         }
+        let best_cached = cands.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
         let evals: Vec<Eval> = cands
             .iter()
             .zip(&preds)
@@ -303,10 +304,13 @@ impl Policy for SloPolicy {
                         e.tier = 2 - e.ttft_ok as u8 - e.tpot_ok as u8;
                     }
                 }
-                // Prefill work this placement spares the fleet: a replica holding the
-                // prefix costs less for everyone, not only for this request.
-                let uncached = 1.0 - c.cached_tokens as f64 / req.prompt_tokens.max(1) as f64;
-                e.cost += self.cfg.cache_weight * uncached;
+                // Prefill work this placement repeats that the best-cached one would not:
+                // a replica holding the prefix costs less for everyone, not only for this
+                // request. Relative to the best, so equal caches add nothing and the cost
+                // tolerance compares latencies rather than a shared constant.
+                let wasted = best_cached.saturating_sub(c.cached_tokens) as f64
+                    / req.prompt_tokens.max(1) as f64;
+                e.cost += self.cfg.cache_weight * wasted;
                 // A cold replica with nothing on it is safe to try: that is how it warms.
                 if p.ttft_state != ModelState::Warm && c.load().requests == 0.0 {
                     e.tier = 0;

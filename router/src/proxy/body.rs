@@ -36,6 +36,9 @@ pub struct Tracking {
     pub arrived: Instant,
     pub dispatched: Instant,
     pub booking: Booking,
+    /// Text prompt bytes and chat messages (None for token-id prompts).
+    pub prompt_bytes: Option<usize>,
+    pub prompt_messages: u32,
     pub learn: Option<Learn>,
 }
 
@@ -167,6 +170,9 @@ impl TrackedBody {
             tpot_s,
             e2e_s: now.duration_since(t.arrived).as_secs_f64(),
             output_tokens: usage.map(|u| u.completion_tokens),
+            prompt_tokens: usage.map(|u| u.prompt_tokens).filter(|n| *n > 0),
+            prompt_bytes: t.prompt_bytes,
+            prompt_messages: t.prompt_messages,
             cached_tokens: usage.and_then(|u| u.prompt_tokens_details.map(|d| d.cached_tokens)),
             learn: t.learn,
         };

@@ -22,7 +22,7 @@ use crate::{
     REPLICA_HEADER, clock,
     decide::{self, Learn, RouteInputs, Verdict},
     error::ApiError,
-    fleet::Replica,
+    fleet::{Replica, Signal},
     node::Node,
     policy::{CandidateError, RequestProfile, candidates::CandidateParams},
     request::ParsedRequest,
@@ -286,6 +286,11 @@ pub async fn forward(
                     arrived,
                     dispatched,
                     booking,
+                    prompt_bytes: match &parsed.prompt {
+                        crate::request::PromptInput::Text(t) => Some(t.len()),
+                        crate::request::PromptInput::Ids(_) => None,
+                    },
+                    prompt_messages: parsed.messages as u32,
                     learn: Some(target.learn),
                 };
                 return Ok(respond(&node, resp, first, &parsed, track, fallback));
@@ -297,7 +302,9 @@ pub async fn forward(
                     .upstream_errors
                     .with_label_values(&[&r.name, why])
                     .inc();
-                if r.health.on_failure(clock::now_ms(), &node.cfg.health) {
+                if r.health
+                    .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
+                {
                     node.metrics.ejection(&r.name);
                     tracing::warn!(replica = %r.name, "replica ejected after failures ({why})");
                 }

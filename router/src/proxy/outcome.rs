@@ -44,6 +44,11 @@ pub struct Outcome {
     /// Arrival → end of response.
     pub e2e_s: f64,
     pub output_tokens: Option<u32>,
+    /// Prompt tokens the replica reported (usage).
+    pub prompt_tokens: Option<u32>,
+    /// Text prompt size in bytes and chat message count (for the token estimator).
+    pub prompt_bytes: Option<usize>,
+    pub prompt_messages: u32,
     pub cached_tokens: Option<u32>,
     /// What the router saw and predicted at dispatch (for learning and error metrics).
     pub learn: Option<Learn>,
