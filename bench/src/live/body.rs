@@ -66,8 +66,18 @@ pub fn max_tokens(r: &Request, max_model_len: Option<u32>) -> u32 {
 }
 
 /// The JSON body of a streaming `/v1/completions` request for `r`.
-pub fn completion_body(r: &Request, model: &str, max_model_len: Option<u32>) -> Vec<u8> {
-    let prompt = prompt_tokens(r);
+pub fn completion_body(
+    r: &Request,
+    model: &str,
+    max_model_len: Option<u32>,
+    vocab: Option<u32>,
+) -> Vec<u8> {
+    let mut prompt = prompt_tokens(r);
+    // A real model rejects ids past its vocabulary; folding is deterministic, so shared
+    // prefixes stay shared.
+    if let Some(v) = vocab.filter(|v| *v > 0) {
+        prompt.iter_mut().for_each(|t| *t %= v);
+    }
     let body = CompletionBody {
         model,
         prompt: &prompt,
@@ -126,7 +136,7 @@ mod tests {
     fn body_hides_the_true_output_from_max_tokens() {
         let r = req(0, 10, vec![1, 2, 3]);
         let v: serde_json::Value =
-            serde_json::from_slice(&completion_body(&r, "m", None)).expect("json");
+            serde_json::from_slice(&completion_body(&r, "m", None, None)).expect("json");
         assert_eq!(v["max_tokens"], 256);
         assert_eq!(v["emulator_output_tokens"], 9);
         assert!(v.get("ignore_eos").is_none());
@@ -136,5 +146,27 @@ mod tests {
         assert_eq!(max_tokens(&r, Some(15)), 5);
         assert_eq!(max_tokens(&r, Some(100)), 90);
         assert_eq!(max_tokens(&r, Some(5)), 1);
+    }
+
+    #[test]
+    fn vocab_folds_ids_and_keeps_shared_prefixes() {
+        let body = |id| {
+            let v: serde_json::Value = serde_json::from_slice(&completion_body(
+                &req(id, 64, vec![7, 8]),
+                "m",
+                None,
+                Some(50),
+            ))
+            .expect("json");
+            v["prompt"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|t| t.as_u64().expect("id"))
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (body(1), body(2));
+        assert!(a.iter().chain(&b).all(|t| *t < 50));
+        assert_eq!(a[..8], b[..8], "the shared hash ids give the same tokens");
     }
 }

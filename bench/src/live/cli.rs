@@ -73,6 +73,12 @@ pub struct LiveArgs {
     pub limit: Option<usize>,
     #[arg(long, default_value = "llama-3-8b")]
     pub model: String,
+    /// `--target` mode: the servers' context window, so `max_tokens` stays valid.
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// Fold prompt token ids below this: a real model's vocabulary size.
+    #[arg(long)]
+    pub vocab: Option<u32>,
     /// Most requests in flight at once (the load generator's task pool).
     #[arg(long, default_value_t = 1024)]
     pub max_inflight: usize,
@@ -121,6 +127,8 @@ fn options(a: &LiveArgs, wl: &Workload, mode: LiveMode) -> LiveOptions {
         request_timeout: Duration::from_secs_f64(a.request_timeout_s.max(0.001)),
         load_sample_interval_s: a.load_sample_s,
         log_dir: Some(a.out.join("logs")),
+        max_model_len: a.max_model_len,
+        vocab: a.vocab,
         ..LiveOptions::new(wl.clone(), mode)
     }
 }

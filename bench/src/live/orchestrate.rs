@@ -77,6 +77,10 @@ pub struct LiveOptions {
     pub startup_timeout: Duration,
     /// Wall time spent measuring the routers' idle CPU before the replay (0 = skip).
     pub idle_probe: Duration,
+    /// `--target` mode: the servers' context window (spawned fleets report their own).
+    pub max_model_len: Option<u32>,
+    /// Fold prompt token ids below this (a real model's vocabulary size).
+    pub vocab: Option<u32>,
 }
 
 impl LiveOptions {
@@ -98,6 +102,8 @@ impl LiveOptions {
             log_dir: None,
             startup_timeout: Duration::from_secs(60),
             idle_probe: Duration::from_secs(1),
+            max_model_len: None,
+            vocab: None,
         }
     }
 }
@@ -211,7 +217,15 @@ pub async fn run_live(opts: LiveOptions) -> Result<LiveRun, LiveError> {
         LiveMode::Target { urls, label, pids } => {
             let replicas = discover_replicas(urls).await;
             let trees = pids.iter().map(|&p| tree_of(p)).collect();
-            measure(&opts, label, urls.clone(), trees, replicas, None).await
+            measure(
+                &opts,
+                label,
+                urls.clone(),
+                trees,
+                replicas,
+                opts.max_model_len,
+            )
+            .await
         }
     }
 }
@@ -234,6 +248,7 @@ async fn measure(
         max_inflight: opts.max_inflight,
         request_timeout: opts.request_timeout,
         max_model_len,
+        vocab: opts.vocab,
         default_slo_ttft_ms: opts.default_slo_ttft_ms,
         default_slo_tpot_ms: opts.default_slo_tpot_ms,
         seed: opts.seed,

@@ -55,6 +55,8 @@ pub struct ReplayOptions {
     pub request_timeout: Duration,
     /// Context window of the fleet, to keep `max_tokens` valid (None = unknown).
     pub max_model_len: Option<u32>,
+    /// Fold prompt token ids below this (a real model's vocabulary size).
+    pub vocab: Option<u32>,
     /// Objectives for requests that carry none (sent as headers either way).
     pub default_slo_ttft_ms: f64,
     pub default_slo_tpot_ms: f64,
@@ -76,6 +78,7 @@ impl Default for ReplayOptions {
             max_inflight: 1024,
             request_timeout: Duration::from_secs(600),
             max_model_len: None,
+            vocab: None,
             default_slo_ttft_ms: 2_000.0,
             default_slo_tpot_ms: 100.0,
             seed: 1,
@@ -337,7 +340,7 @@ async fn one_request(
     d: &Dispatch,
 ) -> RequestRecord {
     let (slo_ttft_ms, slo_tpot_ms) = slo_of(r, o);
-    let body = Bytes::from(completion_body(r, &o.model, o.max_model_len));
+    let body = Bytes::from(completion_body(r, &o.model, o.max_model_len, o.vocab));
     let headers = [
         ("x-slo-ttft-ms", slo_header(slo_ttft_ms, o.time_scale)),
         ("x-slo-tpot-ms", slo_header(slo_tpot_ms, o.time_scale)),
