@@ -313,7 +313,9 @@ impl Cluster {
             ];
             for r in &self.replicas {
                 args.push("--replica".into());
-                args.push(format!("{},name={}", r.url, r.name));
+                // The hardware class, as an operator would declare it: replicas of one
+                // profile share a latency model, each keeping its own correction.
+                args.push(format!("{},name={},class={}", r.url, r.name, r.profile));
             }
             if let (Some(g), Some(certs)) = (gossip, &self.certs) {
                 args.extend([

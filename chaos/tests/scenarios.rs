@@ -77,7 +77,8 @@ async fn replica_stalls_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_slows_down_threefold() {
-    assert_passed(&short_run(Scenario::ReplicaSlow, 10.0).await);
+    // Long enough for a few seconds of evidence on each side of the fault.
+    assert_passed(&short_run(Scenario::ReplicaSlow, 16.0).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,9 @@
 //! Two-sided Page–Hinkley change detection on a replica's log residuals.
 //!
 //! Residuals are standardised by the replica's tracked spread σ̂, so the tolerance δ and
-//! threshold λ are in σ units. After an alarm the cumulative sums restart, and the caller
-//! holds further alarms off while the boost it triggered is active (the residual is
-//! expected to move back as the correction catches up).
+//! threshold λ are in σ units. After an alarm the cumulative sums restart; the caller
+//! moves its correction to the recent residuals, so the next alarm is the next change.
+//! Alarms are suppressed (`armed` false) until the replica's σ̂ has settled.
 
 use crate::config::DriftConfig;
 
@@ -23,7 +23,7 @@ pub struct PageHinkley {
 }
 
 impl PageHinkley {
-    /// Feed one residual; `armed` false suppresses alarms (refractory period). Returns
+    /// Feed one residual; `armed` false suppresses alarms (σ̂ not settled yet). Returns
     /// true on an alarm.
     pub fn update(&mut self, r: f64, sigma: f64, armed: bool, cfg: &DriftConfig) -> bool {
         if self.n == 0 {

@@ -40,6 +40,11 @@ const LATCH_SET: f64 = 0.15;
 const LATCH_RELEASE: f64 = 0.1;
 /// Rate of the per-replica fast residual EWMA (≈ the last 3 labels).
 const FAST_RATE: f64 = 0.3;
+/// A residual this many spreads (and at least `JUMP_MIN_LOG`) from the correction is "far";
+/// `JUMP_RUN` far ones in a row on one side move the correction to their mean.
+const JUMP_SIGMAS: f64 = 3.0;
+const JUMP_MIN_LOG: f64 = 0.5;
+const JUMP_RUN: u32 = 3;
 
 /// One observed outcome of a placement, with the observation made at dispatch.
 #[derive(Clone, Copy, Debug, Default)]
@@ -750,6 +755,10 @@ fn learn_target<const D: usize>(
     class_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     global_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     rt.record_coverage(y <= upper, k.ewma_rate);
+    // The noise level a jump is judged against, from before this label: the lesser of
+    // the replica's and its class's mean |log error| (≈ 0.8 σ for a normal). Updated
+    // first, a change would raise its own bar and never count as far.
+    let spread = (1.25 * rt.err.log.min(class_err.log)).max(k.drift.min_sigma);
     rt.err
         .update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
     class_err.update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
@@ -761,14 +770,39 @@ fn learn_target<const D: usize>(
     } else {
         rt.fast + FAST_RATE * (r_class - rt.fast)
     };
-    let armed = at_s >= rt.boost_until_s && rt.labels >= k.drift.min_labels;
+    // No refractory period after an alarm: the jump re-centres the residuals at once,
+    // so the next alarm means the next change (a slowed replica recovering).
+    let armed = rt.labels >= k.drift.min_labels;
     let sigma = rt.q.sigma(k.z_hi).max(k.drift.min_sigma);
-    if rt.ph.update(r_class - c_merged, sigma, armed, &k.drift) {
+    // A run of residuals far on one side of the correction (winsorised PH needs ~5).
+    let dev = r_class - rt.corr;
+    let far = dev.abs() > (JUMP_SIGMAS * spread).max(JUMP_MIN_LOG);
+    let side = if dev > 0.0 { 1 } else { -1 };
+    if far && rt.run_n.signum() == side {
+        rt.run_n += side;
+        rt.run_sum += r_class;
+    } else if far {
+        rt.run_n = side;
+        rt.run_sum = r_class;
+    } else {
+        rt.run_n = 0;
+        rt.run_sum = 0.0;
+    }
+    let run_jump = armed && rt.run_n.unsigned_abs() >= JUMP_RUN;
+    if rt.ph.update(r_class - c_merged, sigma, armed, &k.drift) || run_jump {
         rt.boost_until_s = at_s + k.drift.boost_s;
         rt.alarms += 1;
         rt.latched = true;
         // A change point: the labels since it say where the replica is now.
-        rt.corr = rt.fast.clamp(-Q_LIMIT, Q_LIMIT);
+        let to = if run_jump {
+            rt.run_sum / f64::from(rt.run_n.unsigned_abs())
+        } else {
+            rt.fast
+        };
+        rt.corr = to.clamp(-Q_LIMIT, Q_LIMIT);
+        rt.fast = rt.corr;
+        rt.run_n = 0;
+        rt.run_sum = 0.0;
     }
     let boosted = at_s < rt.boost_until_s;
     let eta = if boosted {

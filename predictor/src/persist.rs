@@ -203,6 +203,7 @@ fn track_ok(t: &TargetTrack) -> bool {
     finite(&[
         t.corr,
         t.fast,
+        t.run_sum,
         t.corr_w,
         t.coverage,
         t.err.abs_ms,

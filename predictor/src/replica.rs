@@ -18,6 +18,12 @@ pub(crate) struct TargetTrack {
     /// `corr` here at once; the median tracker's small steps would take dozens of labels
     /// to absorb a replica that became 3× slower.
     pub fast: f64,
+    /// Consecutive residuals beyond the jump threshold on one side of `corr`: their
+    /// count (signed by side) and sum. Three in a row are a change too sharp to wait
+    /// for Page–Hinkley's evidence (a replica that recovered after being avoided gets
+    /// only occasional probes).
+    pub run_n: i32,
+    pub run_sum: f64,
     /// Forward-decayed label weight behind `corr`, relative to `corr_landmark`.
     pub corr_w: f64,
     pub corr_landmark: f64,
@@ -46,6 +52,8 @@ impl TargetTrack {
         Self {
             corr: 0.0,
             fast: 0.0,
+            run_n: 0,
+            run_sum: 0.0,
             corr_w: 0.0,
             corr_landmark: f64::NEG_INFINITY,
             q: ScoreQuantiles { n: 0, ..q },

@@ -136,6 +136,11 @@ impl Ledger {
         }
     }
 
+    /// When this node last booked a request here (`now_s` axis; 0 if never).
+    pub fn last_booked_s(&self) -> f64 {
+        f64::from_bits(self.inflow_at.load(Relaxed))
+    }
+
     /// Requests completed through this ledger.
     pub fn completed(&self) -> u64 {
         self.completed.load(Relaxed)

@@ -58,6 +58,11 @@ pub struct SloConfig {
     pub defer_budget: f64,
     /// Most requests deferred at once; beyond it they go least-bad.
     pub max_deferred: usize,
+    /// A replica nobody has placed work on for this long (s) and that is idle gets the
+    /// next request it is predicted to serve within both objectives, whatever its
+    /// cost: its model learns only from placements, so without such probes a replica
+    /// once slow would never be seen to recover. 0 disables.
+    pub probe_idle_s: f64,
 }
 
 impl Default for SloConfig {
@@ -73,6 +78,7 @@ impl Default for SloConfig {
             defer_poll_ms: 20,
             defer_budget: 0.5,
             max_deferred: 1024,
+            probe_idle_s: 1.0,
         }
     }
 }
@@ -230,6 +236,22 @@ impl SloPolicy {
     }
 }
 
+impl SloPolicy {
+    /// An idle, long-unused candidate predicted to meet both objectives (see
+    /// `probe_idle_s`); the longest unused first.
+    fn probe(&self, cands: &[Candidate<'_>], evals: &[Eval], now_s: f64) -> Option<usize> {
+        if self.cfg.probe_idle_s <= 0.0 {
+            return None;
+        }
+        (0..cands.len())
+            .filter(|&i| evals[i].tier == 0 && cands[i].load().requests == 0.0)
+            .map(|i| (i, now_s - cands[i].replica.ledger.last_booked_s()))
+            .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+    }
+}
+
 fn forecast(p: &Prediction) -> Forecast {
     Forecast {
         ttft_ms: p.ttft_ms,
@@ -320,7 +342,8 @@ impl Policy for SloPolicy {
             })
             .collect();
         let mut ranked = order(&evals, ctx.rng);
-        match self.pick(cands, &evals, 0, ctx) {
+        let probe = self.probe(cands, &evals, ctx.now_s);
+        match probe.or_else(|| self.pick(cands, &evals, 0, ctx)) {
             Some(choice) => {
                 ranked.retain(|&i| i != choice);
                 ranked.insert(0, choice);
