@@ -65,7 +65,7 @@ measure() { # LABEL PORT CMD...
     log "$label: replaying $WORKLOAD"
     "$BIN/headroom-bench" live --target "http://127.0.0.1:$port" --label "$label" \
         --target-pid "$ROUTER_PID" --workload "$WORKLOAD" --slo "$SLO" --model tiny-llama \
-        --max-model-len 4096 --vocab 4096 --request-timeout-s 120 --out "$OUT" >&2
+        --max-model-len 4096 --text-prompts --request-timeout-s 120 --out "$OUT" >&2
     kill -TERM "$ROUTER_PID" 2>/dev/null || true
     wait "$ROUTER_PID" 2>/dev/null || true
     ROUTER_PID=""

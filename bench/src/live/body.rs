@@ -24,10 +24,43 @@ struct StreamOptions {
     include_usage: bool,
 }
 
+/// Common English words, one BPE token each in most vocabularies: text prompts map
+/// every token id to one of them, so equal id prefixes stay equal text prefixes.
+const WORDS: [&str; 128] = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an",
+    "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
+    "been", "if", "more", "when", "will", "would", "who", "so", "no", "out", "up", "into", "do",
+    "any", "your", "what", "has", "man", "could", "also", "than", "first", "been", "its", "time",
+    "new", "some", "them", "these", "may", "other", "then", "two", "my", "about", "over", "such",
+    "our", "like", "only", "most", "made", "after", "work", "well", "how", "good", "very", "make",
+    "world", "still", "own", "see", "men", "long", "here", "between", "both", "life", "being",
+    "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great",
+    "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take",
+    "three", "place", "water", "small", "found", "home", "light",
+];
+
+/// How prompts are sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PromptForm {
+    /// Token ids (vLLM, SGLang engines and the emulator accept them).
+    #[default]
+    Ids,
+    /// Text, one word per token id (for routers that accept only strings).
+    Text,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Prompt<'a> {
+    Ids(&'a [u32]),
+    Text(String),
+}
+
 #[derive(Serialize)]
 struct CompletionBody<'a> {
     model: &'a str,
-    prompt: &'a [u32],
+    prompt: Prompt<'a>,
     max_tokens: u32,
     emulator_output_tokens: u32,
     stream: bool,
@@ -71,6 +104,7 @@ pub fn completion_body(
     model: &str,
     max_model_len: Option<u32>,
     vocab: Option<u32>,
+    form: PromptForm,
 ) -> Vec<u8> {
     let mut prompt = prompt_tokens(r);
     // A real model rejects ids past its vocabulary; folding is deterministic, so shared
@@ -78,9 +112,20 @@ pub fn completion_body(
     if let Some(v) = vocab.filter(|v| *v > 0) {
         prompt.iter_mut().for_each(|t| *t %= v);
     }
+    let text;
     let body = CompletionBody {
         model,
-        prompt: &prompt,
+        prompt: match form {
+            PromptForm::Ids => Prompt::Ids(&prompt),
+            PromptForm::Text => {
+                text = prompt
+                    .iter()
+                    .map(|t| WORDS[*t as usize % WORDS.len()])
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                Prompt::Text(text)
+            }
+        },
         max_tokens: max_tokens(r, max_model_len),
         emulator_output_tokens: r.output_tokens.max(1),
         stream: true,
@@ -136,7 +181,8 @@ mod tests {
     fn body_hides_the_true_output_from_max_tokens() {
         let r = req(0, 10, vec![1, 2, 3]);
         let v: serde_json::Value =
-            serde_json::from_slice(&completion_body(&r, "m", None, None)).expect("json");
+            serde_json::from_slice(&completion_body(&r, "m", None, None, PromptForm::Ids))
+                .expect("json");
         assert_eq!(v["max_tokens"], 256);
         assert_eq!(v["emulator_output_tokens"], 9);
         assert!(v.get("ignore_eos").is_none());
@@ -156,6 +202,7 @@ mod tests {
                 "m",
                 None,
                 Some(50),
+                PromptForm::Ids,
             ))
             .expect("json");
             v["prompt"]
@@ -168,5 +215,25 @@ mod tests {
         let (a, b) = (body(1), body(2));
         assert!(a.iter().chain(&b).all(|t| *t < 50));
         assert_eq!(a[..8], b[..8], "the shared hash ids give the same tokens");
+    }
+
+    #[test]
+    fn text_prompts_keep_shared_prefixes_as_text() {
+        let text = |id| {
+            let v: serde_json::Value = serde_json::from_slice(&completion_body(
+                &req(id, 64, vec![7, 8]),
+                "m",
+                None,
+                None,
+                PromptForm::Text,
+            ))
+            .expect("json");
+            v["prompt"].as_str().expect("text").to_string()
+        };
+        let (a, b) = (text(1), text(2));
+        assert_eq!(a.split(' ').count(), 64, "one word per token");
+        let shared = |s: &str| s.split(' ').take(8).collect::<Vec<_>>().join(" ");
+        assert_eq!(shared(&a), shared(&b));
+        assert_ne!(a, b);
     }
 }

@@ -79,6 +79,10 @@ pub struct LiveArgs {
     /// Fold prompt token ids below this: a real model's vocabulary size.
     #[arg(long)]
     pub vocab: Option<u32>,
+    /// Send prompts as text (one common word per token id) instead of token ids: for
+    /// routers that accept only string prompts (sglang-router).
+    #[arg(long)]
+    pub text_prompts: bool,
     /// Most requests in flight at once (the load generator's task pool).
     #[arg(long, default_value_t = 1024)]
     pub max_inflight: usize,
@@ -129,6 +133,11 @@ fn options(a: &LiveArgs, wl: &Workload, mode: LiveMode) -> LiveOptions {
         log_dir: Some(a.out.join("logs")),
         max_model_len: a.max_model_len,
         vocab: a.vocab,
+        prompt_form: if a.text_prompts {
+            super::body::PromptForm::Text
+        } else {
+            super::body::PromptForm::Ids
+        },
         ..LiveOptions::new(wl.clone(), mode)
     }
 }

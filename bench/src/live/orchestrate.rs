@@ -81,6 +81,8 @@ pub struct LiveOptions {
     pub max_model_len: Option<u32>,
     /// Fold prompt token ids below this (a real model's vocabulary size).
     pub vocab: Option<u32>,
+    /// Token ids or text.
+    pub prompt_form: super::body::PromptForm,
 }
 
 impl LiveOptions {
@@ -104,6 +106,7 @@ impl LiveOptions {
             idle_probe: Duration::from_secs(1),
             max_model_len: None,
             vocab: None,
+            prompt_form: super::body::PromptForm::Ids,
         }
     }
 }
@@ -249,6 +252,7 @@ async fn measure(
         request_timeout: opts.request_timeout,
         max_model_len,
         vocab: opts.vocab,
+        prompt_form: opts.prompt_form,
         default_slo_ttft_ms: opts.default_slo_ttft_ms,
         default_slo_tpot_ms: opts.default_slo_tpot_ms,
         seed: opts.seed,

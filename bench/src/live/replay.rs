@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::LiveError;
-use super::body::completion_body;
+use super::body::{PromptForm, completion_body};
 use super::client::{HttpClient, Outcome, http_client, send_streaming};
 use crate::sim::result::{LoadSample, ReplicaInfo, RequestRecord};
 use crate::workload::{Request, Workload};
@@ -57,6 +57,8 @@ pub struct ReplayOptions {
     pub max_model_len: Option<u32>,
     /// Fold prompt token ids below this (a real model's vocabulary size).
     pub vocab: Option<u32>,
+    /// Token ids or text.
+    pub prompt_form: PromptForm,
     /// Objectives for requests that carry none (sent as headers either way).
     pub default_slo_ttft_ms: f64,
     pub default_slo_tpot_ms: f64,
@@ -79,6 +81,7 @@ impl Default for ReplayOptions {
             request_timeout: Duration::from_secs(600),
             max_model_len: None,
             vocab: None,
+            prompt_form: PromptForm::Ids,
             default_slo_ttft_ms: 2_000.0,
             default_slo_tpot_ms: 100.0,
             seed: 1,
@@ -340,7 +343,13 @@ async fn one_request(
     d: &Dispatch,
 ) -> RequestRecord {
     let (slo_ttft_ms, slo_tpot_ms) = slo_of(r, o);
-    let body = Bytes::from(completion_body(r, &o.model, o.max_model_len, o.vocab));
+    let body = Bytes::from(completion_body(
+        r,
+        &o.model,
+        o.max_model_len,
+        o.vocab,
+        o.prompt_form,
+    ));
     let headers = [
         ("x-slo-ttft-ms", slo_header(slo_ttft_ms, o.time_scale)),
         ("x-slo-tpot-ms", slo_header(slo_tpot_ms, o.time_scale)),
