@@ -74,6 +74,31 @@ fn main() -> anyhow::Result<()> {
         println!(
             "{p:16} att {met:.3} | cache hit share {hit:.3} (router est {est:.3}); reqs with hit {hit_any:.2} est {est_any:.2} | fallbacks {fb:?}"
         );
+        // Forecast error by tenant and replica, after the first 10% of arrivals.
+        let skip = r.records.len() / 10;
+        let mut groups: std::collections::BTreeMap<String, (f64, f64, usize)> = Default::default();
+        for x in r.records.iter().skip(skip) {
+            let key = format!(
+                "{}@r{}",
+                x.tenant.as_deref().unwrap_or("-"),
+                x.replica.unwrap_or(99)
+            );
+            let e = groups.entry(key).or_default();
+            if let (Some(a), Some(pr)) = (x.ttft_s, x.predicted_ttft_ms) {
+                e.0 += (pr - a * 1e3).abs() / (a * 1e3);
+                e.2 += 1;
+            }
+            if let (Some(a), Some(pr)) = (x.tpot_s, x.predicted_tpot_ms) {
+                e.1 += (pr - a * 1e3).abs() / (a * 1e3);
+            }
+        }
+        for (k, (t, p2, c)) in groups {
+            println!(
+                "   {k:14} n {c:5} ttft MAPE {:.1}% tpot MAPE {:.1}%",
+                100.0 * t / c.max(1) as f64,
+                100.0 * p2 / c.max(1) as f64
+            );
+        }
     }
     Ok(())
 }
