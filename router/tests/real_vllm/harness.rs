@@ -232,16 +232,29 @@ impl Drop for RouterProc {
 }
 
 pub async fn get_text(url: &str) -> String {
-    let resp = client()
-        .get(url)
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
-    resp.text()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+    // A server pinned to one busy core can be slow to send even `/metrics` (its API
+    // process shares the core with the engine): retry before calling it a failure.
+    let mut last = String::new();
+    for _ in 0..3 {
+        let resp = match client()
+            .get(url)
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                last = e.to_string();
+                continue;
+            }
+        };
+        assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
+        match resp.text().await {
+            Ok(t) => return t,
+            Err(e) => last = e.to_string(),
+        }
+    }
+    panic!("GET {url}: {last} (3 attempts)")
 }
 
 pub async fn get_json(url: &str) -> Value {
