@@ -116,7 +116,22 @@ pub async fn run(env: &Env) {
         tasks.push(tokio::spawn(async move { stream(&url, &b, &[]).await }));
     }
     let t0 = Instant::now();
+    // The router's peak view counts from the first loaded moment: a server whose
+    // requests end early (random EOS) may already be idle when the comparisons start.
+    let mut peak = vec![(0.0f64, 0.0f64, 0.0f64); n_srv];
+    let see_peak = |peak: &mut Vec<(f64, f64, f64)>, view: &[Value]| {
+        for (i, p) in peak.iter_mut().enumerate() {
+            let s = &entry(view, i)["scraped"];
+            let g = |k: &str| s[k].as_f64().unwrap_or(0.0);
+            *p = (
+                p.0.max(g("running")),
+                p.1.max(g("waiting")),
+                p.2.max(g("kv_usage")),
+            );
+        }
+    };
     loop {
+        see_peak(&mut peak, &r.debug_replicas().await);
         let views = engines(env).await;
         // Busy with a queue: what makes the comparison worth doing. (A fast server
         // may already have finished a request by the time the other has its share.)
@@ -130,7 +145,6 @@ pub async fn run(env: &Env) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut counts = vec![[0u32; 3]; n_srv];
-    let mut peak = vec![(0.0f64, 0.0f64, 0.0f64); n_srv];
     for _ in 0..12 {
         let a = engines(env).await;
         tokio::time::sleep(GAP).await;
@@ -140,14 +154,8 @@ pub async fn run(env: &Env) {
         for i in 0..n_srv {
             let e = entry(&view, i);
             counts[i][compare_loaded(i, e, &a[i], &b[i], &c[i]) as usize] += 1;
-            let s = &e["scraped"];
-            let g = |k: &str| s[k].as_f64().unwrap_or(0.0);
-            peak[i] = (
-                peak[i].0.max(g("running")),
-                peak[i].1.max(g("waiting")),
-                peak[i].2.max(g("kv_usage")),
-            );
         }
+        see_peak(&mut peak, &view);
         if counts.iter().all(|c| c[Compared::Exact as usize] >= 2) {
             break;
         }
