@@ -119,6 +119,7 @@ pub async fn run(env: &Env) {
     // The router's peak view counts from the first loaded moment: a server whose
     // requests end early (random EOS) may already be idle when the comparisons start.
     let mut peak = vec![(0.0f64, 0.0f64, 0.0f64); n_srv];
+    let mut loaded = vec![false; n_srv];
     let see_peak = |peak: &mut Vec<(f64, f64, f64)>, view: &[Value]| {
         for (i, p) in peak.iter_mut().enumerate() {
             let s = &entry(view, i)["scraped"];
@@ -133,9 +134,13 @@ pub async fn run(env: &Env) {
     loop {
         see_peak(&mut peak, &r.debug_replicas().await);
         let views = engines(env).await;
-        // Busy with a queue: what makes the comparison worth doing. (A fast server
-        // may already have finished a request by the time the other has its share.)
-        if views.iter().all(|v| v.running >= 2.0 && v.waiting >= 1.0) {
+        // Busy with a queue: what makes the comparison worth doing. Each server is
+        // latched once seen so (not all at one instant: on a loaded machine a server's
+        // `/metrics` can take seconds to answer, and a fast one may drain first).
+        for (l, v) in loaded.iter_mut().zip(&views) {
+            *l |= v.running >= 2.0 && v.waiting >= 1.0;
+        }
+        if loaded.iter().all(|l| *l) {
             break;
         }
         assert!(
