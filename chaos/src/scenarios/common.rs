@@ -114,6 +114,16 @@ pub async fn wait_busy(ctx: &mut Ctx<'_>, replica: &str, bound_s: f64) -> bool {
 /// Streams that had begun on `replica` (first token before `at_s`) and were still open
 /// at it — less those that completed normally within 100 ms of it (their last tokens
 /// raced the fault).
+/// Waits (within the re-admission bound) until every router node routes to `replica`
+/// again.
+pub async fn wait_readmitted(ctx: &mut Ctx<'_>, replica: &str) {
+    let bound = ctx.plan.cluster.timings.readmission_bound_s();
+    for n in 0..ctx.cluster.routers.len() {
+        ctx.wait_for(n, bound, |s| s.replica(replica).is_some_and(|r| r.routable))
+            .await;
+    }
+}
+
 pub fn streams_cut_at<'a>(f: &'a Finished<'_>, replica: &str, at_s: f64) -> Vec<&'a Record> {
     f.records
         .iter()

@@ -9,7 +9,9 @@
 
 use serde_json::json;
 
-use super::common::{FAULTY, FAULTY_NAME, base_plan, readmitted_check, set_faults};
+use super::common::{
+    FAULTY, FAULTY_NAME, base_plan, readmitted_check, set_faults, wait_readmitted,
+};
 use crate::check::Check;
 use crate::client::EndClass;
 use crate::observe::health_trace;
@@ -37,13 +39,7 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
         ctx.log.recover_s = Some(at);
         ctx.log.settle_s = at;
     }
-    let bound = ctx.plan.cluster.timings.readmission_bound_s();
-    for n in 0..ctx.cluster.routers.len() {
-        ctx.wait_for(n, bound, |s| {
-            s.replica(FAULTY_NAME).is_some_and(|r| r.routable)
-        })
-        .await;
-    }
+    wait_readmitted(ctx, FAULTY_NAME).await;
 }
 
 pub fn checks(f: &Finished<'_>) -> Vec<Check> {

@@ -6,6 +6,7 @@
 
 use super::common::{
     FAULTY, FAULTY_NAME, base_plan, ejected_check, readmitted_check, streams_cut_at, wait_busy,
+    wait_readmitted,
 };
 use crate::check::Check;
 use crate::client::EndClass;
@@ -38,13 +39,7 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
         }
         Err(e) => return ctx.fail(format!("restarting {FAULTY_NAME}: {e}")),
     }
-    let bound = ctx.plan.cluster.timings.readmission_bound_s();
-    for n in 0..ctx.cluster.routers.len() {
-        ctx.wait_for(n, bound, |s| {
-            s.replica(FAULTY_NAME).is_some_and(|r| r.routable)
-        })
-        .await;
-    }
+    wait_readmitted(ctx, FAULTY_NAME).await;
 }
 
 pub fn checks(f: &Finished<'_>) -> Vec<Check> {
