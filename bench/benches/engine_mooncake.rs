@@ -3,8 +3,8 @@
 //! placement. Prints hashing time, simulation time and steps per second.
 //!
 //! Run: `cargo bench -p headroom-bench --bench engine_mooncake`
-//! (trace path: `$MOONCAKE_TRACE`, default `../shared/traces/conversation_trace.jsonl`
-//! relative to the workspace root).
+//! (trace path: `$MOONCAKE_TRACE`, default `bench/traces/conversation_trace.jsonl`,
+//! the repository's copy).
 
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
     let path = std::env::var("MOONCAKE_TRACE").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/traces/conversation_trace.jsonl"
+            "/traces/conversation_trace.jsonl"
         )
         .to_string()
     });

@@ -18,7 +18,7 @@ struct Measured {
 
 fn trace_dir(run: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/traces/llmservingsim-vllm-measured")
+        .join("traces/llmservingsim-vllm-measured")
         .join(run)
 }
 
