@@ -2,6 +2,8 @@
 # Runs every check and test Headroom has. CI (.ci/run) calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One-shot builds gain nothing from incremental state, which doubles target/ on disk.
+export CARGO_INCREMENTAL=0
 
 echo "== fmt";    cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
