@@ -84,7 +84,8 @@ fi
 
 "$PY" -m venv "$VENV" >>"$LOG" 2>&1 || die "python -m venv failed"
 VPY="$VENV/bin/python"
-pip_q() { "$VPY" -m pip --disable-pip-version-check --no-input "$@" >>"$LOG" 2>&1; }
+# --no-cache-dir: a second copy of several GB of wheels in ~/.cache/pip would not fit every CI disk.
+pip_q() { "$VPY" -m pip --disable-pip-version-check --no-input --no-cache-dir "$@" >>"$LOG" 2>&1; }
 
 log "step 1/4: upgrading pip"
 pip_q install --upgrade pip || die "pip upgrade failed"
