@@ -40,6 +40,15 @@ fn main() -> anyhow::Result<()> {
             cfg.slo = serde_json::from_str(&j)?;
         }
         let r = simulate(&wl, cfg)?;
+        // DUMP=path writes every record as JSON lines, for offline error analysis.
+        if let Ok(path) = std::env::var("DUMP") {
+            let mut out = String::new();
+            for x in &r.records {
+                out.push_str(&serde_json::to_string(x)?);
+                out.push('\n');
+            }
+            std::fs::write(format!("{path}.{p}.jsonl"), out)?;
+        }
         let n = r.records.len() as f64;
         let met = r.records.iter().filter(|x| x.met_both()).count() as f64 / n;
         let input: f64 = r.records.iter().map(|x| x.input_tokens as f64).sum();

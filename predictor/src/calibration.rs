@@ -10,6 +10,12 @@
 pub const Q_LIMIT: f64 = 8.0;
 /// Floor on the log-spread used for violation probabilities.
 pub const SIGMA_FLOOR: f64 = 0.02;
+/// Early steps are Robbins–Monro's `c/(n+1)` until they fall to the constant ACI step:
+/// from the cold default (×3) a constant 0.05 step needs ~200 labels to come down to a
+/// typical p90 (ACI moves down by η·α per covered label), and the bound is that much
+/// too wide meanwhile. `c` ≈ 1/density of a log score with σ ≈ 0.3 at its p90 / median.
+const EARLY_GAIN_HI: f64 = 1.5;
+const EARLY_GAIN_MID: f64 = 0.75;
 
 /// Tracked upper and median quantiles of a log score stream.
 #[derive(Clone, Copy, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -29,11 +35,22 @@ impl ScoreQuantiles {
     /// "the issued bound was exceeded" when this tracker produced the issued bound).
     #[inline]
     pub fn update_with(&mut self, s: f64, miss: bool, alpha: f64, eta_hi: f64, eta_mid: f64) {
+        let (eta_hi, eta_mid) = self.steps(eta_hi, eta_mid);
         let m = if miss { 1.0 } else { 0.0 };
         self.hi = (self.hi + eta_hi * (m - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
         let above = if s > self.mid { 1.0 } else { 0.0 };
         self.mid = (self.mid + eta_mid * (above - 0.5)).clamp(-Q_LIMIT, Q_LIMIT);
         self.n += 1;
+    }
+
+    /// The steps for the next update: large while few scores were seen, then constant.
+    #[inline]
+    fn steps(&self, eta_hi: f64, eta_mid: f64) -> (f64, f64) {
+        let k = 1.0 / (self.n as f64 + 1.0);
+        (
+            eta_hi.max(EARLY_GAIN_HI * k),
+            eta_mid.max(EARLY_GAIN_MID * k),
+        )
     }
 
     /// One fully observed score, plain quantile tracking.
@@ -53,6 +70,7 @@ impl ScoreQuantiles {
         eta_hi: f64,
         eta_mid: f64,
     ) {
+        let (eta_hi, eta_mid) = self.steps(eta_hi, eta_mid);
         let mut informative = false;
         if miss {
             self.hi = (self.hi + eta_hi * (1.0 - alpha)).clamp(-Q_LIMIT, Q_LIMIT);
@@ -106,6 +124,18 @@ mod tests {
         }
         let rate = f64::from(misses) / f64::from(n);
         assert!((rate - 0.1).abs() < 0.005, "{rate}");
+    }
+
+    #[test]
+    fn starting_far_too_wide_the_bound_comes_down_within_dozens_of_labels() {
+        // Scores ~ uniform on [-0.3, 0.3]: the p90 is 0.24. Start at the cold ln 3.
+        let mut q = ScoreQuantiles::new(3f64.ln(), 0.0);
+        for i in 0..40 {
+            let s = ((i * 37) % 61) as f64 / 60.0 * 0.6 - 0.3;
+            q.update(s, 0.1, 0.05, 0.02);
+        }
+        assert!(q.hi < 0.5, "{}", q.hi);
+        assert!(q.hi > 0.1, "{}", q.hi);
     }
 
     #[test]

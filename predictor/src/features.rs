@@ -7,12 +7,13 @@
 //! Step-time physics (vLLM v1, chunked prefill; see engine-and-traces.md §2.3):
 //! `T_step = T0 + c_req·n + t_tok·N + α·Σctx_decode + β·Σ(c·k + c²/2)`. A request waiting
 //! behind `Q` uncached tokens with `u` of its own finishes its prefill after
-//! `S = ⌈(Q+u)/(B−n_dec)⌉` steps, so TTFT ≈ θ·[1, S, (Q+u), S·n_dec, S·ctx_dec, pairs, drain].
+//! `S = ⌈(Q+u)/(B−n_dec)⌉` steps, after waiting out the step in progress (`r`), so
+//! TTFT ≈ θ·[1, S, (Q+u), S·n_dec, S·ctx_dec, pairs, drain, r].
 
 use crate::observation::Observation;
 
 /// Number of TTFT features.
-pub const TTFT_DIM: usize = 7;
+pub const TTFT_DIM: usize = 8;
 /// Number of TPOT features.
 pub const TPOT_DIM: usize = 6;
 
@@ -25,6 +26,7 @@ pub const TTFT_FEATURE_NAMES: [&str; TTFT_DIM] = [
     "decode_kv_reads S*ctx_dec/1e6 [ms per 1M token-reads]",
     "attention_pairs (pairs_q + u*k + u^2/2)/1e6 [ms per 1M pairs]",
     "kv_drain_steps [ms/step]",
+    "step_residual [ms per ms]",
 ];
 
 /// Names and units of the TPOT features.
@@ -39,7 +41,7 @@ pub const TPOT_FEATURE_NAMES: [&str; TPOT_DIM] = [
 
 /// Generic physical prior for TTFT, midway between the H100 and A100 Llama-3-8B constants
 /// of engine-and-traces.md §2.3. Used for cold predictions and as the ridge target.
-pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2, 12.0];
+pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2, 12.0, 1.0];
 /// Generic physical prior for TPOT (same source).
 pub const GENERIC_TPOT_THETA: [f64; TPOT_DIM] = [8.0, 0.02, 6.5, 4.0, 1.0, 0.0];
 
@@ -111,6 +113,7 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams) -> [f64; TTFT_DIM]
         steps * o.decode_context_tokens * 1e-6,
         pairs * 1e-6,
         kv_drain_steps(o, d, p),
+        o.step_residual_ms,
     ]
 }
 

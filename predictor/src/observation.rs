@@ -54,6 +54,10 @@ pub struct Observation {
     pub metric_age_s: f64,
     /// The engine's `max_num_batched_tokens` if configured, else 0 (a configured default is used).
     pub max_batched_tokens: f64,
+    /// Expected time left in the replica's engine step in progress (ms), from the tokens
+    /// the router streams from it; 0 when unknown or idle. A new request waits it out.
+    #[serde(default)]
+    pub step_residual_ms: f64,
 }
 
 /// Which replica, and which hardware/model class it belongs to. Replicas of one class
@@ -108,6 +112,7 @@ impl Observation {
             self.preemption_rate,
             self.metric_age_s,
             self.max_batched_tokens,
+            self.step_residual_ms,
         ];
         // Non-short-circuit `&` (not `contains`, which branches): ~10% fewer instructions
         // per predict() under callgrind. NaN fails both comparisons.
@@ -148,7 +153,8 @@ impl Observation {
             scraped_running,
             preemption_rate,
             metric_age_s,
-            max_batched_tokens
+            max_batched_tokens,
+            step_residual_ms
         );
         if o.cached_tokens > o.prompt_tokens {
             o.cached_tokens = o.prompt_tokens;

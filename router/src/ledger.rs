@@ -6,6 +6,16 @@
 //! stream can never pin phantom load. Reads are lock-free atomics; writers of the
 //! inflow rate and of the TPOT-objective multiset take short locks and publish what
 //! readers need as atomics.
+//!
+//! Two estimates refine the raw counters (see their modules): queued prefill work net
+//! of the head's progress ([`prefill_queue`]), and the time left in the replica's step
+//! in progress ([`step_clock`]). Both come only from what this node observes.
+
+mod prefill_queue;
+mod step_clock;
+
+use prefill_queue::{HeadView, Leave, PrefillQueue};
+use step_clock::StepClock;
 
 use std::{
     collections::BTreeMap,
@@ -25,7 +35,8 @@ const INFLOW_TAU_S: f64 = 2.0;
 pub struct Load {
     pub requests: f64,
     pub queued_requests: f64,
-    /// Uncached prompt tokens not yet prefilled (requests before their first token).
+    /// Uncached prompt tokens not yet prefilled (requests before their first token),
+    /// net of the estimated progress into the head of the queue.
     pub queued_prefill_tokens: f64,
     /// Σ (u·k + u²/2) over queued requests: their prefill attention work.
     pub queued_attention_pairs: f64,
@@ -38,6 +49,9 @@ pub struct Load {
     pub prefill_inflow_tps: f64,
     /// Tightest TPOT objective among requests in flight (ms), if any.
     pub min_tpot_slo_ms: Option<f64>,
+    /// Expected time left in the engine step in progress (s); 0 when unknown. Only this
+    /// node's streams show it: it is not additive and not gossiped.
+    pub step_residual_s: f64,
 }
 
 impl Load {
@@ -56,6 +70,7 @@ impl Load {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             },
+            step_residual_s: self.step_residual_s.max(o.step_residual_s),
         }
     }
 
@@ -103,6 +118,11 @@ pub struct Ledger {
     tpot_slos: Mutex<BTreeMap<u32, u32>>,
     /// The smallest key of `tpot_slos` plus one, or 0 when empty.
     min_tpot_slo: std::sync::atomic::AtomicU32,
+    next_booking: AtomicU64,
+    queue: Mutex<PrefillQueue>,
+    /// `queue.view()` as readers see it (f64 bits: uncached, cached, since, rate).
+    head: [AtomicU64; 4],
+    steps: StepClock,
 }
 
 fn f(a: &AtomicI64) -> f64 {
@@ -116,12 +136,14 @@ impl Ledger {
 
     /// Current load at `now_s`.
     pub fn load(&self, now_s: f64) -> Load {
+        let done = self.head_view().progress(now_s);
+        let decoding = f(&self.decoding_requests);
         Load {
             requests: f(&self.requests),
             queued_requests: f(&self.queued_requests),
-            queued_prefill_tokens: f(&self.queued_prefill_tokens),
-            queued_attention_pairs: f(&self.queued_attention_pairs),
-            decoding_requests: f(&self.decoding_requests),
+            queued_prefill_tokens: (f(&self.queued_prefill_tokens) - done.tokens).max(0.0),
+            queued_attention_pairs: (f(&self.queued_attention_pairs) - done.pairs).max(0.0),
+            decoding_requests: decoding,
             decode_context_tokens: f(&self.decode_context_tokens),
             decode_remaining_tokens: f(&self.decode_remaining_tokens),
             prefill_inflow_tps: Inflow {
@@ -133,6 +155,35 @@ impl Ledger {
                 0 => None,
                 k => Some((k - 1) as f64),
             },
+            step_residual_s: if decoding > 0.0 {
+                self.steps.residual_s(now_s)
+            } else {
+                0.0
+            },
+        }
+    }
+
+    fn head_view(&self) -> HeadView {
+        let g = |i: usize| f64::from_bits(self.head[i].load(Relaxed));
+        HeadView {
+            uncached: g(0),
+            cached: g(1),
+            since_s: g(2),
+            rate_tps: g(3),
+        }
+    }
+
+    /// Changes the prefill queue and republishes its head for lock-free readers.
+    fn with_queue(&self, change: impl FnOnce(&mut PrefillQueue)) {
+        let mut q = self.queue.lock();
+        change(&mut q);
+        let v = q.view();
+        for (slot, x) in self
+            .head
+            .iter()
+            .zip([v.uncached, v.cached, v.since_s, v.rate_tps])
+        {
+            slot.store(x.to_bits(), Relaxed);
         }
     }
 
@@ -156,6 +207,8 @@ impl Ledger {
         self.queued_requests.fetch_add(1, Relaxed);
         self.queued_prefill_tokens.fetch_add(uncached, Relaxed);
         self.queued_attention_pairs.fetch_add(pairs, Relaxed);
+        let id = self.next_booking.fetch_add(1, Relaxed);
+        self.with_queue(|q| q.push(id, u, k, now_s));
         {
             let mut inflow = self.inflow.lock();
             inflow.add(u, now_s);
@@ -173,6 +226,8 @@ impl Ledger {
         }
         Booking {
             ledger: self.clone(),
+            id,
+            last_token_s: None,
             uncached,
             pairs,
             prompt: spec.prompt_tokens as i64,
@@ -197,6 +252,8 @@ pub struct BookingSpec {
 #[derive(Debug)]
 pub struct Booking {
     ledger: Arc<Ledger>,
+    id: u64,
+    last_token_s: Option<f64>,
     uncached: i64,
     pairs: i64,
     prompt: i64,
@@ -211,13 +268,14 @@ impl Booking {
         (self.expected_output - self.generated).max(0)
     }
 
-    /// The first token arrived: the request leaves the prefill queue.
-    pub fn first_token(&mut self) {
+    /// The first token arrived at `now_s`: the request leaves the prefill queue.
+    pub fn first_token(&mut self, now_s: f64) {
         if self.decoding {
             return;
         }
         self.decoding = true;
         let l = &self.ledger;
+        l.with_queue(|q| q.remove(self.id, Leave::Served(now_s)));
         l.queued_requests.fetch_sub(1, Relaxed);
         l.queued_prefill_tokens.fetch_sub(self.uncached, Relaxed);
         l.queued_attention_pairs.fetch_sub(self.pairs, Relaxed);
@@ -228,8 +286,12 @@ impl Booking {
             .fetch_add(self.remaining(), Relaxed);
     }
 
-    /// `n` more output tokens were generated.
-    pub fn generated(&mut self, n: u32) {
+    /// `n` more output tokens arrived at `now_s`.
+    pub fn generated(&mut self, n: u32, now_s: f64) {
+        self.ledger.steps.tokens(n, self.last_token_s, now_s);
+        if n > 0 {
+            self.last_token_s = Some(now_s);
+        }
         let before = self.remaining();
         self.generated += n as i64;
         if self.decoding {
@@ -265,6 +327,7 @@ impl Drop for Booking {
             l.queued_requests.fetch_sub(1, Relaxed);
             l.queued_prefill_tokens.fetch_sub(self.uncached, Relaxed);
             l.queued_attention_pairs.fetch_sub(self.pairs, Relaxed);
+            l.with_queue(|q| q.remove(self.id, Leave::Dropped));
         }
         if let Some(k) = self.slo_key {
             let mut m = l.tpot_slos.lock();
@@ -305,8 +368,8 @@ mod tests {
             800.0 * 200.0 + 800.0 * 800.0 / 2.0
         );
         assert_eq!(s.min_tpot_slo_ms, Some(50.0));
-        b.first_token();
-        b.generated(10);
+        b.first_token(0.0);
+        b.generated(10, 0.0);
         let s = l.load(0.0);
         assert_eq!(s.queued_prefill_tokens, 0.0);
         assert_eq!(s.decoding_requests, 1.0);
@@ -321,6 +384,34 @@ mod tests {
             }
         );
         assert_eq!(l.completed(), 1);
+    }
+
+    #[test]
+    fn queued_work_shrinks_as_the_head_is_served() {
+        let l = Ledger::new();
+        // The first prompt (2000 tokens) took 0.2 s: 10k tokens/s.
+        let mut a = l.book(spec(2000, 0, 10), 0.0);
+        a.first_token(0.2);
+        let _b = l.book(spec(8000, 0, 10), 1.0);
+        let _c = l.book(spec(500, 0, 10), 1.1);
+        assert_eq!(l.load(1.0).queued_prefill_tokens, 8500.0);
+        assert!((l.load(1.5).queued_prefill_tokens - 3500.0).abs() < 1e-6);
+        // Never below what is queued behind the head.
+        assert_eq!(l.load(9.0).queued_prefill_tokens, 500.0);
+        assert_eq!(l.load(9.0).queued_attention_pairs, 500.0 * 500.0 / 2.0);
+    }
+
+    #[test]
+    fn step_residual_comes_from_streamed_tokens_while_decoding() {
+        let l = Ledger::new();
+        let mut a = l.book(spec(100, 0, 100), 0.0);
+        assert_eq!(l.load(0.0).step_residual_s, 0.0);
+        a.first_token(0.05);
+        a.generated(1, 0.05);
+        a.generated(1, 0.07);
+        assert!((l.load(0.075).step_residual_s - 0.015).abs() < 1e-9);
+        a.complete();
+        assert_eq!(l.load(0.075).step_residual_s, 0.0);
     }
 
     #[test]
@@ -341,8 +432,8 @@ mod tests {
             let mut live = Vec::new();
             for (p, c, o, stage, g) in ops {
                 let mut b = l.book(spec(p, c.min(p), o), 1.0);
-                if stage >= 1 { b.first_token(); }
-                if stage >= 2 { b.generated(g); }
+                if stage >= 1 { b.first_token(1.0); }
+                if stage >= 2 { b.generated(g, 1.0); }
                 live.push(b);
             }
             let s = l.load(1.0);

@@ -578,15 +578,15 @@ impl<'w> Simulator<'w> {
                         l.first_s = Some(t);
                         l.last_s = t;
                         l.tokens = 1;
-                        l.booking.first_token();
-                        l.booking.generated(1);
+                        l.booking.first_token(t);
+                        l.booking.generated(1, t);
                     }
                 }
                 Event::Token { id, .. } => {
                     if let Some(l) = self.live[id as usize].as_mut() {
                         l.last_s = t;
                         l.tokens += 1;
-                        l.booking.generated(1);
+                        l.booking.generated(1, t);
                     }
                 }
                 Event::Finished {

@@ -177,6 +177,8 @@ pub fn situation(rng: &mut ChaCha8Rng, e: &Engine, l: &Load) -> Situation {
         preemption_rate: 0.0,
         metric_age_s: 0.5,
         max_batched_tokens: e.budget,
+        // This synthetic engine starts every placement at a step boundary.
+        step_residual_ms: 0.0,
     };
     Situation {
         obs,

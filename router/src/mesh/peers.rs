@@ -57,6 +57,8 @@ fn from_wire(w: &ReplicaLoad) -> Load {
         decode_remaining_tokens: w.decode_remaining_tokens as f64,
         prefill_inflow_tps: w.prefill_inflow_tps as f64,
         min_tpot_slo_ms: (w.min_tpot_slo_ms > 0.0).then_some(w.min_tpot_slo_ms as f64),
+        // A peer's step phase is stale by the time it arrives: never gossiped.
+        step_residual_s: 0.0,
     }
 }
 

@@ -37,5 +37,6 @@ pub fn observation(req: &RequestProfile, c: &Candidate<'_>) -> Observation {
             0.0
         },
         max_batched_tokens: c.replica.max_batched_tokens.unwrap_or(0) as f64,
+        step_residual_ms: load.step_residual_s * 1e3,
     }
 }

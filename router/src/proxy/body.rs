@@ -89,12 +89,13 @@ impl TrackedBody {
             Mode::Stream(sc) => {
                 let out = sc.feed(&data, Instant::now());
                 if let Some(t) = self.track.as_mut() {
+                    let now_s = crate::clock::now_s();
                     if sc.first_content.is_some() && self.content_seen == 0 {
-                        t.booking.first_token();
+                        t.booking.first_token(now_s);
                     }
                     let new = sc.content_events.saturating_sub(self.content_seen);
                     if new > 0 {
-                        t.booking.generated(new);
+                        t.booking.generated(new, now_s);
                     }
                 }
                 self.content_seen = sc.content_events;

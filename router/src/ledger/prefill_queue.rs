@@ -1,0 +1,202 @@
+//! The prefill queue as this node sees it on one replica, and how far the engine has got
+//! into its head.
+//!
+//! Counting every queued request's uncached tokens in full overstates the work ahead
+//! while a long prompt is half prefilled: a chat request behind a 20k-token prompt that
+//! has been in service for a second waits for far less than 20k tokens. vLLM serves its
+//! queue first come, first served, so the head has been in service since it reached the
+//! head: since it was booked onto an empty queue, or since the request before it got its
+//! first token. Progress is that service time times the replica's measured prefill rate
+//! (uncached tokens over service time of past heads; tokens-weighted, decayed), capped at
+//! the head's own size.
+//!
+//! Invariants: entries are in booking order; `head_since_s` is meaningful only while the
+//! queue is non-empty; the rate is `None` until one head was served.
+
+use std::collections::VecDeque;
+
+/// Weight of the newest served head in the decayed rate sums (tokens and seconds).
+const RATE_ALPHA: f64 = 0.2;
+/// Service times below this are clock noise, not a rate sample (seconds).
+const MIN_SERVICE_S: f64 = 1e-4;
+
+/// One queued request.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    id: u64,
+    uncached: f64,
+    cached: f64,
+    booked_s: f64,
+}
+
+/// Why a booking left the queue.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Leave {
+    /// Its first token arrived at this time.
+    Served(f64),
+    /// It was dropped before one, at an unknown time.
+    Dropped,
+}
+
+/// How much of the queue's head the engine has served at an instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HeadProgress {
+    /// Uncached tokens of the head already prefilled (estimate).
+    pub tokens: f64,
+    /// Attention pairs of those tokens: Σ over served tokens of their context.
+    pub pairs: f64,
+}
+
+/// What readers need to estimate progress without taking the lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HeadView {
+    pub uncached: f64,
+    pub cached: f64,
+    pub since_s: f64,
+    /// Uncached tokens per second of service; 0 when unknown.
+    pub rate_tps: f64,
+}
+
+impl HeadView {
+    /// Progress into the head at `now_s`.
+    pub fn progress(&self, now_s: f64) -> HeadProgress {
+        if self.uncached <= 0.0 || self.rate_tps <= 0.0 {
+            return HeadProgress::default();
+        }
+        let p = (self.rate_tps * (now_s - self.since_s).max(0.0)).min(self.uncached);
+        // Token i of the prompt (0-based among uncached) attends to cached + i tokens.
+        HeadProgress {
+            tokens: p,
+            pairs: p * self.cached + 0.5 * p * p,
+        }
+    }
+}
+
+/// FIFO of queued bookings with the head's service start and the measured prefill rate.
+#[derive(Debug, Default)]
+pub struct PrefillQueue {
+    entries: VecDeque<Entry>,
+    head_since_s: f64,
+    rate_tokens: f64,
+    rate_secs: f64,
+}
+
+impl PrefillQueue {
+    /// A booking joined the queue at `now_s`.
+    pub fn push(&mut self, id: u64, uncached: f64, cached: f64, now_s: f64) {
+        if self.entries.is_empty() {
+            self.head_since_s = now_s;
+        }
+        self.entries.push_back(Entry {
+            id,
+            uncached,
+            cached,
+            booked_s: now_s,
+        });
+    }
+
+    /// A booking left the queue.
+    pub fn remove(&mut self, id: u64, how: Leave) {
+        let Some(pos) = self.entries.iter().position(|e| e.id == id) else {
+            return;
+        };
+        let Some(e) = self.entries.remove(pos) else {
+            return;
+        };
+        if pos != 0 {
+            return;
+        }
+        match how {
+            Leave::Served(now_s) => {
+                let service = now_s - self.head_since_s;
+                if e.uncached > 0.0 && service >= MIN_SERVICE_S {
+                    self.rate_tokens =
+                        (1.0 - RATE_ALPHA) * self.rate_tokens + RATE_ALPHA * e.uncached;
+                    self.rate_secs = (1.0 - RATE_ALPHA) * self.rate_secs + RATE_ALPHA * service;
+                }
+                self.head_since_s = now_s;
+            }
+            // Not knowing when the engine let go of it, the next head is taken to have
+            // been in service since it was booked or since the dropped one started.
+            Leave::Dropped => {
+                if let Some(next) = self.entries.front() {
+                    self.head_since_s = self.head_since_s.max(next.booked_s);
+                }
+            }
+        }
+    }
+
+    /// The head and rate as readers use them (all zero when the queue is empty).
+    pub fn view(&self) -> HeadView {
+        let rate_tps = if self.rate_secs > 0.0 {
+            self.rate_tokens / self.rate_secs
+        } else {
+            0.0
+        };
+        match self.entries.front() {
+            Some(h) => HeadView {
+                uncached: h.uncached,
+                cached: h.cached,
+                since_s: self.head_since_s,
+                rate_tps,
+            },
+            None => HeadView {
+                rate_tps,
+                ..HeadView::default()
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_progress_before_a_rate_is_measured() {
+        let mut q = PrefillQueue::default();
+        q.push(1, 8000.0, 0.0, 0.0);
+        assert_eq!(q.view().progress(5.0), HeadProgress::default());
+    }
+
+    #[test]
+    fn progress_follows_the_measured_rate_and_stops_at_the_head() {
+        let mut q = PrefillQueue::default();
+        // A 1000-token head served in 0.1 s: 10k tokens/s.
+        q.push(1, 1000.0, 0.0, 0.0);
+        q.remove(1, Leave::Served(0.1));
+        q.push(2, 20_000.0, 100.0, 1.0);
+        q.push(3, 300.0, 0.0, 1.2);
+        let v = q.view();
+        assert!((v.rate_tps - 10_000.0).abs() < 1e-6);
+        let p = v.progress(1.5);
+        assert!((p.tokens - 5000.0).abs() < 1e-6, "{p:?}");
+        assert!((p.pairs - (5000.0 * 100.0 + 0.5 * 5000.0 * 5000.0)).abs() < 1e-3);
+        assert_eq!(v.progress(10.0).tokens, 20_000.0);
+    }
+
+    #[test]
+    fn the_next_head_is_in_service_from_when_the_previous_one_left() {
+        let mut q = PrefillQueue::default();
+        q.push(1, 1000.0, 0.0, 0.0);
+        q.remove(1, Leave::Served(0.1));
+        q.push(2, 4000.0, 0.0, 1.0);
+        q.push(3, 4000.0, 0.0, 1.1);
+        q.remove(2, Leave::Served(1.4));
+        assert_eq!(q.view().since_s, 1.4);
+        assert_eq!(q.view().uncached, 4000.0);
+        // A non-head leaving (dropped, or served out of order) changes nothing ahead.
+        q.push(4, 50.0, 0.0, 1.5);
+        q.remove(4, Leave::Dropped);
+        assert_eq!(q.view().since_s, 1.4);
+    }
+
+    #[test]
+    fn a_dropped_head_is_no_rate_sample() {
+        let mut q = PrefillQueue::default();
+        q.push(1, 1000.0, 0.0, 0.0);
+        q.remove(1, Leave::Dropped);
+        assert_eq!(q.view().rate_tps, 0.0);
+        assert_eq!(q.view().uncached, 0.0);
+    }
+}
