@@ -39,6 +39,10 @@ fn main() -> anyhow::Result<()> {
         if let Ok(j) = std::env::var("SLO_CFG") {
             cfg.slo = serde_json::from_str(&j)?;
         }
+        // PRED_CFG='{"tpot_correction":"always"}' overrides predictor knobs.
+        if let Ok(j) = std::env::var("PRED_CFG") {
+            cfg.predictor = serde_json::from_str(&j)?;
+        }
         let r = simulate(&wl, cfg)?;
         // DUMP=path writes every record as JSON lines, for offline error analysis.
         if let Ok(path) = std::env::var("DUMP") {

@@ -788,7 +788,10 @@ fn learn_target<const D: usize>(
         rt.run_n = 0;
         rt.run_sum = 0.0;
     }
-    let run_jump = armed && rt.run_n.unsigned_abs() >= JUMP_RUN;
+    // TTFT only: TPOT residuals of requests decoding together share one burst of
+    // prefill interference, so runs of them are common without any change (in the mixed
+    // simulator workload the jumps latched noisy corrections: TPOT MAPE 17.5% vs 13.4%).
+    let run_jump = armed && target == TARGET_TTFT && rt.run_n.unsigned_abs() >= JUMP_RUN;
     if rt.ph.update(r_class - c_merged, sigma, armed, &k.drift) || run_jump {
         rt.boost_until_s = at_s + k.drift.boost_s;
         rt.alarms += 1;
