@@ -1,7 +1,8 @@
 //! The predictor and the `slo` policy on a heterogeneous fleet under a mixed workload,
-//! in the simulator running the router's own code: after warm-up, TTFT forecasts within
-//! 10% MAPE with a p90 bound covering 85-95%, TPOT within the error that future
-//! arrivals leave (see below), and SLO attainment above every baseline in the same run.
+//! in the simulator running the router's own code, five seeds: after warm-up, TTFT
+//! forecasts within 10% MAPE (8% on average), p90 bounds covering 85-95%, TPOT within the
+//! error that future arrivals leave (see below), and SLO attainment above every baseline
+//! in the same run.
 
 use headroom_bench::{
     report::RunSummary,
@@ -28,7 +29,9 @@ fn run(policy: &str, seed: u64) -> RunSummary {
 
 #[test]
 fn slo_forecasts_within_bounds_and_beats_every_baseline_on_a_mixed_fleet() {
-    for seed in [1, 2] {
+    let seeds = [1, 2, 3, 4, 5];
+    let (mut ttft_mape, mut tpot_mape) = (0.0, 0.0);
+    for seed in seeds {
         let slo = run("slo", seed);
         let ttft = slo.ttft_forecast.clone().expect("ttft forecasts");
         let tpot = slo.tpot_forecast.clone().expect("tpot forecasts");
@@ -37,13 +40,21 @@ fn slo_forecasts_within_bounds_and_beats_every_baseline_on_a_mixed_fleet() {
             "seed {seed}: slo attainment {:.3}; TTFT MAPE {:.1}% coverage {tc:.3}; TPOT MAPE {:.1}% coverage {pc:.3}",
             slo.attainment, ttft.mape_pct, tpot.mape_pct
         );
-        assert!(ttft.mape_pct <= 10.0, "TTFT MAPE {:.1}%", ttft.mape_pct);
-        assert!((0.85..=0.95).contains(&tc), "TTFT p90 coverage {tc:.3}");
-        assert!((0.85..=0.95).contains(&pc), "TPOT p90 coverage {pc:.3}");
-        // TPOT here depends on documents that arrive while a request decodes (a 20k-token
-        // prefill adds ~5 ms to every token of a 2 s chat response): no router can see
-        // those at decision time. This bounds what the model leaves on top of that.
-        assert!(tpot.mape_pct <= 16.0, "TPOT MAPE {:.1}%", tpot.mape_pct);
+        ttft_mape += ttft.mape_pct / seeds.len() as f64;
+        tpot_mape += tpot.mape_pct / seeds.len() as f64;
+        assert!(
+            ttft.mape_pct <= 10.0,
+            "seed {seed}: TTFT MAPE {:.1}%",
+            ttft.mape_pct
+        );
+        assert!(
+            (0.85..=0.95).contains(&tc),
+            "seed {seed}: TTFT p90 coverage {tc:.3}"
+        );
+        assert!(
+            (0.85..=0.95).contains(&pc),
+            "seed {seed}: TPOT p90 coverage {pc:.3}"
+        );
         for base in [
             "token-load",
             "least-request",
@@ -60,4 +71,16 @@ fn slo_forecasts_within_bounds_and_beats_every_baseline_on_a_mixed_fleet() {
             );
         }
     }
+    println!(
+        "over {} seeds: TTFT MAPE {ttft_mape:.1}%, TPOT MAPE {tpot_mape:.1}%",
+        seeds.len()
+    );
+    assert!(ttft_mape <= 8.0, "TTFT MAPE {ttft_mape:.1}% over the seeds");
+    // TPOT here depends on documents that arrive while a request decodes (a 20k-token
+    // prefill adds ~5 ms to every token of a 2 s chat response): no router can see
+    // those at decision time. This bounds what the model leaves on top of that.
+    assert!(
+        tpot_mape <= 15.0,
+        "TPOT MAPE {tpot_mape:.1}% over the seeds"
+    );
 }

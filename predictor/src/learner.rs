@@ -751,7 +751,7 @@ fn learn_target<const D: usize>(
         }
         return;
     }
-    rt.q.update(s, k.alpha, k.eta_hi, k.eta_mid);
+    rt.q.update_with(s, y > upper, k.alpha, k.eta_hi, k.eta_mid);
     class_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     global_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     rt.record_coverage(y <= upper, k.ewma_rate);

@@ -73,6 +73,7 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
                         cached_tokens: 0,
                         expected_output_tokens: 200,
                         tpot_slo_ms: Some(50.0),
+                        expected_ttft_s: None,
                     },
                     0.0,
                 ));

@@ -4,7 +4,9 @@
 
 use std::{sync::Arc, time::Instant};
 
-use headroom_predictor::{Observation, Prediction, ReplicaKey, Sample, SharedPredictor};
+use headroom_predictor::{
+    ModelState, Observation, Prediction, ReplicaKey, Sample, SharedPredictor,
+};
 
 use crate::{
     fleet::Replica,
@@ -120,19 +122,23 @@ pub fn route(
     })
 }
 
-/// Books a placement on `replica` (released when the booking drops).
+/// Books a placement on `replica` (released when the booking drops). A warm TTFT
+/// forecast in `learn` paces the ledger's estimate of prefill progress.
 pub fn book(
     replica: &Replica,
     profile: &RequestProfile,
     cached_tokens: u32,
+    learn: &Learn,
     now_s: f64,
 ) -> Booking {
+    let p = &learn.prediction;
     replica.ledger.book(
         BookingSpec {
             prompt_tokens: profile.prompt_tokens,
             cached_tokens,
             expected_output_tokens: profile.expected_output_tokens,
             tpot_slo_ms: Some(profile.slo.tpot_ms),
+            expected_ttft_s: (p.ttft_state == ModelState::Warm).then_some(p.ttft_ms / 1e3),
         },
         now_s,
     )

@@ -120,8 +120,9 @@ pub struct Ledger {
     min_tpot_slo: std::sync::atomic::AtomicU32,
     next_booking: AtomicU64,
     queue: Mutex<PrefillQueue>,
-    /// `queue.view()` as readers see it (f64 bits: uncached, cached, since, rate).
-    head: [AtomicU64; 4],
+    /// `queue.view()` as readers see it (f64 bits: uncached, cached, since, rate,
+    /// expected first token).
+    head: [AtomicU64; 5],
     steps: StepClock,
 }
 
@@ -170,6 +171,7 @@ impl Ledger {
             cached: g(1),
             since_s: g(2),
             rate_tps: g(3),
+            expected_first_s: g(4),
         }
     }
 
@@ -178,11 +180,14 @@ impl Ledger {
         let mut q = self.queue.lock();
         change(&mut q);
         let v = q.view();
-        for (slot, x) in self
-            .head
-            .iter()
-            .zip([v.uncached, v.cached, v.since_s, v.rate_tps])
-        {
+        let xs = [
+            v.uncached,
+            v.cached,
+            v.since_s,
+            v.rate_tps,
+            v.expected_first_s,
+        ];
+        for (slot, x) in self.head.iter().zip(xs) {
             slot.store(x.to_bits(), Relaxed);
         }
     }
@@ -208,7 +213,11 @@ impl Ledger {
         self.queued_prefill_tokens.fetch_add(uncached, Relaxed);
         self.queued_attention_pairs.fetch_add(pairs, Relaxed);
         let id = self.next_booking.fetch_add(1, Relaxed);
-        self.with_queue(|q| q.push(id, u, k, now_s));
+        let first = spec
+            .expected_ttft_s
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map_or(0.0, |t| now_s + t);
+        self.with_queue(|q| q.push(id, u, k, now_s, first));
         {
             let mut inflow = self.inflow.lock();
             inflow.add(u, now_s);
@@ -246,6 +255,8 @@ pub struct BookingSpec {
     pub cached_tokens: u32,
     pub expected_output_tokens: u32,
     pub tpot_slo_ms: Option<f64>,
+    /// A trusted forecast of the time to first token (s): paces the queue's progress.
+    pub expected_ttft_s: Option<f64>,
 }
 
 /// A live placement; moves from queued to decoding at the first token.
@@ -354,6 +365,7 @@ mod tests {
             cached_tokens: c,
             expected_output_tokens: o,
             tpot_slo_ms: Some(50.0),
+            expected_ttft_s: None,
         }
     }
 
@@ -396,9 +408,25 @@ mod tests {
         let _c = l.book(spec(500, 0, 10), 1.1);
         assert_eq!(l.load(1.0).queued_prefill_tokens, 8500.0);
         assert!((l.load(1.5).queued_prefill_tokens - 3500.0).abs() < 1e-6);
-        // Never below what is queued behind the head.
-        assert_eq!(l.load(9.0).queued_prefill_tokens, 500.0);
-        assert_eq!(l.load(9.0).queued_attention_pairs, 500.0 * 500.0 / 2.0);
+        // The head is never taken as done before its first token (at most 95%).
+        let late = l.load(9.0);
+        assert!((late.queued_prefill_tokens - (400.0 + 500.0)).abs() < 1e-6);
+        let head_left = 8000.0 * 8000.0 / 2.0 - 7600.0 * 7600.0 / 2.0;
+        let pairs = head_left + 500.0 * 500.0 / 2.0;
+        assert!((late.queued_attention_pairs - pairs).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_warm_forecast_paces_the_head() {
+        let l = Ledger::new();
+        let _a = l.book(
+            BookingSpec {
+                expected_ttft_s: Some(2.0),
+                ..spec(10_000, 0, 10)
+            },
+            1.0,
+        );
+        assert!((l.load(2.0).queued_prefill_tokens - 5000.0).abs() < 1e-6);
     }
 
     #[test]

@@ -517,7 +517,7 @@ impl<'w> Simulator<'w> {
         };
         let node = &self.nodes[node_ix];
         let view = &node.views[r];
-        let booking = decide::book(view, &prep.profile, cached, t);
+        let booking = decide::book(view, &prep.profile, cached, &learn, t);
         decide::remember_prefix(
             &node.prefix,
             view,

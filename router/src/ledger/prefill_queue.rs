@@ -6,9 +6,11 @@
 //! has been in service for a second waits for far less than 20k tokens. vLLM serves its
 //! queue first come, first served, so the head has been in service since it reached the
 //! head: since it was booked onto an empty queue, or since the request before it got its
-//! first token. Progress is that service time times the replica's measured prefill rate
-//! (uncached tokens over service time of past heads; tokens-weighted, decayed), capped at
-//! the head's own size.
+//! first token. When the head came with a forecast of its first token (a warm predictor's),
+//! progress is the share of that service window already elapsed; otherwise it is the
+//! service time times the replica's measured prefill rate (uncached tokens over service
+//! time of past heads; tokens-weighted, decayed). Either way it stays below the head's
+//! own size: a head is done only when its first token says so.
 //!
 //! Invariants: entries are in booking order; `head_since_s` is meaningful only while the
 //! queue is non-empty; the rate is `None` until one head was served.
@@ -19,6 +21,8 @@ use std::collections::VecDeque;
 const RATE_ALPHA: f64 = 0.2;
 /// Service times below this are clock noise, not a rate sample (seconds).
 const MIN_SERVICE_S: f64 = 1e-4;
+/// The most of a head counted as done before its first token arrives.
+const MAX_DONE: f64 = 0.95;
 
 /// One queued request.
 #[derive(Clone, Copy, Debug)]
@@ -27,6 +31,8 @@ struct Entry {
     uncached: f64,
     cached: f64,
     booked_s: f64,
+    /// Forecast first-token time (0 when none).
+    expected_first_s: f64,
 }
 
 /// Why a booking left the queue.
@@ -55,15 +61,21 @@ pub struct HeadView {
     pub since_s: f64,
     /// Uncached tokens per second of service; 0 when unknown.
     pub rate_tps: f64,
+    /// The head's forecast first-token time; 0 when none.
+    pub expected_first_s: f64,
 }
 
 impl HeadView {
     /// Progress into the head at `now_s`.
     pub fn progress(&self, now_s: f64) -> HeadProgress {
-        if self.uncached <= 0.0 || self.rate_tps <= 0.0 {
-            return HeadProgress::default();
-        }
-        let p = (self.rate_tps * (now_s - self.since_s).max(0.0)).min(self.uncached);
+        let elapsed = (now_s - self.since_s).max(0.0);
+        let window = self.expected_first_s - self.since_s;
+        let done = if window >= MIN_SERVICE_S {
+            self.uncached * (elapsed / window)
+        } else {
+            self.rate_tps * elapsed
+        };
+        let p = done.clamp(0.0, MAX_DONE * self.uncached.max(0.0));
         // Token i of the prompt (0-based among uncached) attends to cached + i tokens.
         HeadProgress {
             tokens: p,
@@ -82,8 +94,9 @@ pub struct PrefillQueue {
 }
 
 impl PrefillQueue {
-    /// A booking joined the queue at `now_s`.
-    pub fn push(&mut self, id: u64, uncached: f64, cached: f64, now_s: f64) {
+    /// A booking joined the queue at `now_s`, its first token forecast at
+    /// `expected_first_s` (0 when there is no trusted forecast).
+    pub fn push(&mut self, id: u64, uncached: f64, cached: f64, now_s: f64, expected_first_s: f64) {
         if self.entries.is_empty() {
             self.head_since_s = now_s;
         }
@@ -92,6 +105,7 @@ impl PrefillQueue {
             uncached,
             cached,
             booked_s: now_s,
+            expected_first_s,
         });
     }
 
@@ -139,6 +153,7 @@ impl PrefillQueue {
                 cached: h.cached,
                 since_s: self.head_since_s,
                 rate_tps,
+                expected_first_s: h.expected_first_s,
             },
             None => HeadView {
                 rate_tps,
@@ -155,7 +170,7 @@ mod tests {
     #[test]
     fn no_progress_before_a_rate_is_measured() {
         let mut q = PrefillQueue::default();
-        q.push(1, 8000.0, 0.0, 0.0);
+        q.push(1, 8000.0, 0.0, 0.0, 0.0);
         assert_eq!(q.view().progress(5.0), HeadProgress::default());
     }
 
@@ -163,30 +178,39 @@ mod tests {
     fn progress_follows_the_measured_rate_and_stops_at_the_head() {
         let mut q = PrefillQueue::default();
         // A 1000-token head served in 0.1 s: 10k tokens/s.
-        q.push(1, 1000.0, 0.0, 0.0);
+        q.push(1, 1000.0, 0.0, 0.0, 0.0);
         q.remove(1, Leave::Served(0.1));
-        q.push(2, 20_000.0, 100.0, 1.0);
-        q.push(3, 300.0, 0.0, 1.2);
+        q.push(2, 20_000.0, 100.0, 1.0, 0.0);
+        q.push(3, 300.0, 0.0, 1.2, 0.0);
         let v = q.view();
         assert!((v.rate_tps - 10_000.0).abs() < 1e-6);
         let p = v.progress(1.5);
         assert!((p.tokens - 5000.0).abs() < 1e-6, "{p:?}");
         assert!((p.pairs - (5000.0 * 100.0 + 0.5 * 5000.0 * 5000.0)).abs() < 1e-3);
-        assert_eq!(v.progress(10.0).tokens, 20_000.0);
+        assert_eq!(v.progress(10.0).tokens, 0.95 * 20_000.0);
+    }
+
+    #[test]
+    fn a_forecast_first_token_sets_the_pace() {
+        let mut q = PrefillQueue::default();
+        // Booked at 1.0 behind nothing, first token forecast at 3.0.
+        q.push(1, 10_000.0, 0.0, 1.0, 3.0);
+        assert!((q.view().progress(1.5).tokens - 2500.0).abs() < 1e-9);
+        assert_eq!(q.view().progress(9.0).tokens, 9500.0);
     }
 
     #[test]
     fn the_next_head_is_in_service_from_when_the_previous_one_left() {
         let mut q = PrefillQueue::default();
-        q.push(1, 1000.0, 0.0, 0.0);
+        q.push(1, 1000.0, 0.0, 0.0, 0.0);
         q.remove(1, Leave::Served(0.1));
-        q.push(2, 4000.0, 0.0, 1.0);
-        q.push(3, 4000.0, 0.0, 1.1);
+        q.push(2, 4000.0, 0.0, 1.0, 0.0);
+        q.push(3, 4000.0, 0.0, 1.1, 0.0);
         q.remove(2, Leave::Served(1.4));
         assert_eq!(q.view().since_s, 1.4);
         assert_eq!(q.view().uncached, 4000.0);
         // A non-head leaving (dropped, or served out of order) changes nothing ahead.
-        q.push(4, 50.0, 0.0, 1.5);
+        q.push(4, 50.0, 0.0, 1.5, 0.0);
         q.remove(4, Leave::Dropped);
         assert_eq!(q.view().since_s, 1.4);
     }
@@ -194,7 +218,7 @@ mod tests {
     #[test]
     fn a_dropped_head_is_no_rate_sample() {
         let mut q = PrefillQueue::default();
-        q.push(1, 1000.0, 0.0, 0.0);
+        q.push(1, 1000.0, 0.0, 0.0, 0.0);
         q.remove(1, Leave::Dropped);
         assert_eq!(q.view().rate_tps, 0.0);
         assert_eq!(q.view().uncached, 0.0);

@@ -237,7 +237,13 @@ pub async fn forward(
             tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
         }
         let r = &target.replica;
-        let booking = decide::book(r, &profile, target.cached_tokens, clock::now_s());
+        let booking = decide::book(
+            r,
+            &profile,
+            target.cached_tokens,
+            &target.learn,
+            clock::now_s(),
+        );
         let req = upstream_request(r, &parsed, &headers)?;
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
