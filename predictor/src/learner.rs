@@ -740,8 +740,9 @@ fn learn_target<const D: usize>(
         }
     };
     let s = (y / mu).ln();
-    // Plain quantile tracking of the score at every level, so q stays a clean quantile
-    // estimate; the guard only ever adds margin on top of it.
+    // The replica's upper quantile moves on misses of the bound it actually issued
+    // (guard included), so the issued bounds cover 1−α in the long run (ACI); class and
+    // global quantiles track the plain score, the clean fallback for new replicas.
     if censored {
         rt.q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
         class_q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
