@@ -441,6 +441,8 @@ impl Learner {
                     class_err: &mut ct.ttft_err,
                     global_q: &mut self.global_ttft_q,
                     rt: &mut rt.ttft,
+                    // TTFT labels of one replica share no window worth excluding.
+                    span_start_s: f64::INFINITY,
                 },
                 &x,
                 y,
@@ -450,6 +452,13 @@ impl Learner {
             );
         }
         if let Some(y) = tpot {
+            // TPOT residuals of requests decoding together share one burst of prefill
+            // interference, so runs of slow ones are common without any change (in the
+            // mixed simulator workload jumps on such runs latched noisy corrections:
+            // TPOT MAPE 19.3% vs 13.4%). A run is evidence of a change only once a label
+            // measured a decode that began after the run's first label ended.
+            let decode_s = y * f64::from(s.output_tokens.saturating_sub(1)) / 1e3;
+            let span_start_s = s.at_s - decode_s;
             let x = tpot_features(&obs, &self.fp);
             let issued = s.predicted.map(|p| (p.tpot_ms, p.tpot_upper_ms));
             learn_target(
@@ -461,6 +470,7 @@ impl Learner {
                     class_err: &mut ct.tpot_err,
                     global_q: &mut self.global_tpot_q,
                     rt: &mut rt.tpot,
+                    span_start_s,
                 },
                 &x,
                 y,
@@ -698,6 +708,9 @@ struct Parts<'a, const D: usize> {
     class_err: &'a mut ErrTrack,
     global_q: &'a mut ScoreQuantiles,
     rt: &'a mut TargetTrack,
+    /// Start of the interval the label measured (TPOT: its first token); a run of far
+    /// residuals jumps only once a label measured an interval after the run's first.
+    span_start_s: f64,
 }
 
 /// One label for one target: calibration, coverage, errors, drift, correction, regression.
@@ -718,6 +731,7 @@ fn learn_target<const D: usize>(
         class_err,
         global_q,
         rt,
+        span_start_s,
     } = p;
     let tau = k.solve.tau_s;
     let mu_class = dot(&model.theta, x).max(k.floor_ms);
@@ -785,24 +799,22 @@ fn learn_target<const D: usize>(
     } else if far {
         rt.run_n = side;
         rt.run_sum = r_class;
+        rt.run_first_end_s = at_s;
     } else {
         rt.run_n = 0;
         rt.run_sum = 0.0;
     }
-    // TTFT only: TPOT residuals of requests decoding together share one burst of
-    // prefill interference, so runs of them are common without any change (in the mixed
-    // simulator workload the jumps latched noisy corrections: TPOT MAPE 17.5% vs 13.4%).
-    let run_jump = armed && target == TARGET_TTFT && rt.run_n.unsigned_abs() >= JUMP_RUN;
+    let run_mean = rt.run_sum / f64::from(rt.run_n.unsigned_abs().max(1));
+    // Back toward the class model is always allowed: a replica that recovered.
+    let run_jump = armed
+        && rt.run_n.unsigned_abs() >= JUMP_RUN
+        && (span_start_s > rt.run_first_end_s || run_mean.abs() < rt.corr.abs());
     if rt.ph.update(r_class - c_merged, sigma, armed, &k.drift) || run_jump {
         rt.boost_until_s = at_s + k.drift.boost_s;
         rt.alarms += 1;
         rt.latched = true;
         // A change point: the labels since it say where the replica is now.
-        let to = if run_jump {
-            rt.run_sum / f64::from(rt.run_n.unsigned_abs())
-        } else {
-            rt.fast
-        };
+        let to = if run_jump { run_mean } else { rt.fast };
         rt.corr = to.clamp(-Q_LIMIT, Q_LIMIT);
         rt.fast = rt.corr;
         rt.run_n = 0;

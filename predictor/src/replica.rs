@@ -24,6 +24,9 @@ pub(crate) struct TargetTrack {
     /// only occasional probes).
     pub run_n: i32,
     pub run_sum: f64,
+    /// Label time of the run's first far residual: a run counts as a change only once a
+    /// later label measured a window after it (see `learn_target`).
+    pub run_first_end_s: f64,
     /// Forward-decayed label weight behind `corr`, relative to `corr_landmark`.
     pub corr_w: f64,
     pub corr_landmark: f64,
@@ -54,6 +57,7 @@ impl TargetTrack {
             fast: 0.0,
             run_n: 0,
             run_sum: 0.0,
+            run_first_end_s: 0.0,
             corr_w: 0.0,
             corr_landmark: f64::NEG_INFINITY,
             q: ScoreQuantiles { n: 0, ..q },
