@@ -87,6 +87,10 @@ pub struct PredictorConfig {
     pub solve_every: u32,
     /// Floor on labels for the relative weight 1/max(y, floor)² and on predictions (ms).
     pub min_target_ms: f64,
+    /// Huber threshold on |log(y/ŷ)|: labels further from the forecast than this count
+    /// with weight h/|log(y/ŷ)| (an L1 tail), so a minority of disturbed outcomes (a
+    /// document arriving mid-decode) does not pull the typical forecast. 0 = plain L2.
+    pub huber_log: f64,
     /// Token budget used when an observation does not say (vLLM's fallback is 2048).
     pub default_max_batched_tokens: f64,
     /// Scraped values older than this are ignored by the features (seconds).
@@ -143,6 +147,7 @@ impl Default for PredictorConfig {
             ridge: 1e-4,
             solve_every: 8,
             min_target_ms: 1.0,
+            huber_log: 0.1,
             default_max_batched_tokens: 2048.0,
             metric_fresh_s: 5.0,
             upper_quantile: 0.9,
@@ -197,6 +202,10 @@ impl PredictorConfig {
         );
         check(self.solve_every >= 1, "solve_every must be ≥ 1");
         check(positive(self.min_target_ms), "min_target_ms must be > 0");
+        check(
+            self.huber_log.is_finite() && self.huber_log >= 0.0,
+            "huber_log must be ≥ 0",
+        );
         check(
             positive(self.default_max_batched_tokens),
             "default_max_batched_tokens must be > 0",
@@ -306,6 +315,7 @@ impl PredictorConfig {
         keep_if!(ridge, |v: f64| v.is_finite() && v >= 0.0);
         keep_if!(solve_every, |v: u32| v >= 1);
         keep_if!(min_target_ms, positive);
+        keep_if!(huber_log, |v: f64| v.is_finite() && v >= 0.0);
         keep_if!(default_max_batched_tokens, positive);
         keep_if!(metric_fresh_s, |v: f64| v.is_finite() && v >= 0.0);
         keep_if!(upper_quantile, |v: f64| unit_open(v) && v > 0.5);

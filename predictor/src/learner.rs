@@ -45,6 +45,9 @@ const FAST_RATE: f64 = 0.3;
 const JUMP_SIGMAS: f64 = 3.0;
 const JUMP_MIN_LOG: f64 = 0.5;
 const JUMP_RUN: u32 = 3;
+/// A run back toward the class model (a replica that recovered) needs only this many:
+/// an avoided replica sees few placements, so each of its labels is slow to come.
+const JUMP_RUN_BACK: u32 = 2;
 
 /// One observed outcome of a placement, with the observation made at dispatch.
 #[derive(Clone, Copy, Debug, Default)]
@@ -79,6 +82,7 @@ pub(crate) struct Knobs {
     pub eta_mid: f64,
     pub eta_c: f64,
     pub floor_ms: f64,
+    pub huber_log: f64,
     pub ewma_rate: f64,
     pub backoff_min: u64,
     pub warm_min: u64,
@@ -104,6 +108,7 @@ impl Knobs {
             eta_mid: c.median_step,
             eta_c: c.correction_step,
             floor_ms: c.min_target_ms,
+            huber_log: c.huber_log,
             ewma_rate: c.ewma_rate,
             backoff_min: c.backoff_min_labels,
             warm_min: c.warm_min_labels,
@@ -805,10 +810,11 @@ fn learn_target<const D: usize>(
         rt.run_sum = 0.0;
     }
     let run_mean = rt.run_sum / f64::from(rt.run_n.unsigned_abs().max(1));
-    // Back toward the class model is always allowed: a replica that recovered.
-    let run_jump = armed
-        && rt.run_n.unsigned_abs() >= JUMP_RUN
-        && (span_start_s > rt.run_first_end_s || run_mean.abs() < rt.corr.abs());
+    // Back toward the class model is always allowed, and sooner: a replica that recovered.
+    let back = run_mean.abs() < rt.corr.abs();
+    let need = if back { JUMP_RUN_BACK } else { JUMP_RUN };
+    let run_jump =
+        armed && rt.run_n.unsigned_abs() >= need && (span_start_s > rt.run_first_end_s || back);
     if rt.ph.update(r_class - c_merged, sigma, armed, &k.drift) || run_jump {
         rt.boost_until_s = at_s + k.drift.boost_s;
         rt.alarms += 1;
@@ -836,7 +842,10 @@ fn learn_target<const D: usize>(
     rt.labels += 1;
     rt.last_label_s = rt.last_label_s.max(at_s);
 
-    let w = 1.0 / (y.max(k.floor_ms) * y.max(k.floor_ms));
+    let mut w = 1.0 / (y.max(k.floor_ms) * y.max(k.floor_ms));
+    if k.huber_log > 0.0 && s.abs() > k.huber_log {
+        w *= k.huber_log / s.abs();
+    }
     model.add(x, y, w, at_s, &k.solve);
 }
 

@@ -25,7 +25,7 @@ use crate::snapshot::{Snapshot, SnapshotData};
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
 /// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -196,7 +196,7 @@ fn model_ok<const D: usize>(m: &ClassModel<D>) -> bool {
 }
 
 fn quant_ok(q: &ScoreQuantiles) -> bool {
-    finite(&[q.hi, q.mid])
+    finite(&[q.hi, q.mid]) && !q.blk_max.is_nan() && !q.prev_max.is_nan() && q.blk_n < 1024
 }
 
 fn track_ok(t: &TargetTrack) -> bool {

@@ -78,7 +78,7 @@ impl Default for SloConfig {
             defer_poll_ms: 20,
             defer_budget: 0.5,
             max_deferred: 1024,
-            probe_idle_s: 1.0,
+            probe_idle_s: 0.5,
         }
     }
 }
