@@ -87,6 +87,26 @@ fn main() -> anyhow::Result<()> {
         println!(
             "{p:16} att {met:.3} | cache hit share {hit:.3} (router est {est:.3}); reqs with hit {hit_any:.2} est {est_any:.2} | fallbacks {fb:?}"
         );
+        // Decision time over the whole run and over its second half (warm heap/caches).
+        let pct = |xs: &[u32], q: f64| {
+            let mut v = xs.to_vec();
+            v.sort_unstable();
+            v.get(((v.len() as f64 - 1.0) * q) as usize)
+                .copied()
+                .unwrap_or(0) as f64
+                / 1e3
+        };
+        let d = &r.decision_ns;
+        let h = &d[d.len() / 2..];
+        println!(
+            "   decision µs: all p50 {:.1} p99 {:.1} max {:.1} | 2nd half p50 {:.1} p99 {:.1} (n {})",
+            pct(d, 0.5),
+            pct(d, 0.99),
+            pct(d, 1.0),
+            pct(h, 0.5),
+            pct(h, 0.99),
+            d.len()
+        );
         // Forecast error by tenant and replica, after the first 10% of arrivals.
         let skip = r.records.len() / 10;
         let mut groups: std::collections::BTreeMap<String, (f64, f64, usize)> = Default::default();

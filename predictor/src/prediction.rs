@@ -105,8 +105,20 @@ fn tail(median: f64, sigma: f64, slo: f64) -> f64 {
     if slo.is_infinite() {
         return 0.0;
     }
-    normal_sf((slo.ln() - median.ln()) / sigma)
+    // One log of the ratio; beyond ±8.5σ the tail is 0 or 1 to double precision, which
+    // spares erfc's exp on most candidates (a comfortable objective is the usual case).
+    let z = (slo / median).ln() / sigma;
+    if z > TAIL_SATURATES {
+        0.0
+    } else if z < -TAIL_SATURATES {
+        1.0
+    } else {
+        normal_sf(z)
+    }
 }
+
+/// |z| beyond which P(Z > z) is below 1e-17.
+const TAIL_SATURATES: f64 = 8.5;
 
 /// Everything needed to evaluate one target for one replica: coefficients and cached
 /// exponentials, so predict() is a dot product and a few multiplications.
@@ -140,6 +152,12 @@ pub(crate) struct Evaluated {
 }
 
 impl<const D: usize> TargetParams<D> {
+    /// μ alone.
+    #[inline(always)]
+    pub(crate) fn mean(&self, x: &[f64; D], floor_ms: f64) -> f64 {
+        dot(&self.theta, x).max(floor_ms) * self.mult
+    }
+
     /// μ = max(θ·x, floor)·e^c, U = μ·e^q, widened by the guard when the recent error
     /// scaled to this prediction, μ·(e^err − 1), exceeds the headroom U − μ.
     #[inline(always)]
@@ -150,7 +168,7 @@ impl<const D: usize> TargetParams<D> {
         guard_factor: f64,
         z_hi: f64,
     ) -> Evaluated {
-        let mu = dot(&self.theta, x).max(floor_ms) * self.mult;
+        let mu = self.mean(x, floor_ms);
         let mut upper = mu * self.upper_mult.max(1.0);
         let median = mu * self.median_mult;
         let mut sigma = self.log_sigma;

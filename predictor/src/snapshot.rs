@@ -12,7 +12,7 @@ use crate::counters::{CounterValues, Counters};
 use crate::fastmap::FastMap;
 use crate::features::{
     FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, TPOT_DIM, TPOT_FEATURE_NAMES, TTFT_DIM,
-    TTFT_FEATURE_NAMES, all_features,
+    TTFT_FEATURE_NAMES, all_features, ttft_features,
 };
 use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
@@ -351,6 +351,21 @@ impl Snapshot {
             ttft_guarded: t.guarded,
             tpot_guarded: p.guarded,
         }
+    }
+
+    /// The TTFT point forecast alone (what `predict(..).ttft_ms` gives, at half the cost):
+    /// for what-if questions such as "how long would this prefill take on an idle queue".
+    #[inline]
+    pub fn predict_ttft_ms(&self, key: ReplicaKey, obs: &Observation) -> f64 {
+        let e = self.entry(key);
+        let d = &self.d;
+        let x = if obs.is_clean() {
+            ttft_features(obs, &d.fp)
+        } else {
+            Counters::bump(&self.counters.sanitized_predictions);
+            ttft_features(&obs.sanitized().0, &d.fp)
+        };
+        e.ttft.mean(&x, d.floor_ms)
     }
 
     /// Predict for many candidates into `out` (cleared first; reuse it to avoid allocation).

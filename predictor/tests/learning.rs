@@ -325,3 +325,31 @@ fn kv_bound_placements_are_learned_through_the_drain_feature() {
         "learned drain cost {drain_ms_per_step} ms per decode step"
     );
 }
+
+#[test]
+fn the_ttft_only_forecast_is_the_full_forecasts_ttft() {
+    // The policy's what-if ("this prefill on an idle queue") uses the cheaper call; it
+    // must agree with `predict` for learned, corrected and unknown replicas alike.
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let keys = [
+        (ReplicaKey::new(1, 0), Engine::h100()),
+        (ReplicaKey::new(2, 0), Engine::h100().slowed(1.5)),
+    ];
+    run(&mut l, &mut rng, &keys, &Load::moderate(), 400, 0.0, 0.5);
+    let snap = l.snapshot(200.0);
+    for key in [
+        keys[0].0,
+        keys[1].0,
+        ReplicaKey::new(9, 0),
+        ReplicaKey::new(9, 7),
+    ] {
+        for _ in 0..20 {
+            let s = synth::situation(&mut rng, &Engine::h100(), &Load::moderate());
+            assert_eq!(
+                snap.predict_ttft_ms(key, &s.obs),
+                snap.predict(key, &s.obs).ttft_ms
+            );
+        }
+    }
+}

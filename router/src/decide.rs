@@ -51,7 +51,8 @@ pub struct Routed {
     pub verdict: Verdict,
     pub targets: Vec<RoutedTarget>,
     pub fallback: Option<&'static str>,
-    /// CPU time the policy took.
+    /// Time the whole decision took: candidates (prefix match, loads), the policy and
+    /// the ranked targets' predictions.
     pub decision_ns: u64,
 }
 
@@ -73,12 +74,11 @@ pub fn route(
     now_s: f64,
     rng: &mut dyn rand::RngCore,
 ) -> Result<Routed, CandidateError> {
-    let cands = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
     let started = Instant::now();
+    let cands = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
     let decision = inp
         .policy
         .decide(profile, &cands, &mut DecideCtx { now_s, rng });
-    let decision_ns = started.elapsed().as_nanos() as u64;
     let snap = inp.predictor.load();
     let targets = |order: &[usize]| -> Vec<RoutedTarget> {
         order
@@ -118,7 +118,7 @@ pub fn route(
         verdict,
         targets,
         fallback: decision.fallback,
-        decision_ns,
+        decision_ns: started.elapsed().as_nanos() as u64,
     })
 }
 

@@ -104,8 +104,6 @@ impl Replica {
 
     /// KV capacity in tokens, from the scraped cache config.
     pub fn kv_capacity_tokens(&self) -> Option<u64> {
-        let s = self.scraped.load();
-        let s = s.as_ref()?;
-        Some(s.num_gpu_blocks? as u64 * s.block_size? as u64)
+        self.scraped.load().as_deref()?.kv_capacity_tokens()
     }
 }

@@ -38,6 +38,13 @@ pub struct Scraped {
     pub rejected_values: u32,
 }
 
+impl Scraped {
+    /// KV capacity in tokens, when the engine reported both factors.
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        Some(u64::from(self.num_gpu_blocks?) * u64::from(self.block_size?))
+    }
+}
+
 /// One sample line.
 #[derive(Debug, PartialEq)]
 pub struct Sample<'a> {

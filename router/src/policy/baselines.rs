@@ -206,6 +206,7 @@ mod tests {
             peers_age_s: 0.0,
             scraped: None,
             scraped_age_s: f64::INFINITY,
+            kv_capacity_tokens: None,
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use super::{Candidate, RequestProfile};
 use crate::{
-    fleet::Replica,
+    fleet::{Replica, Scraped},
     prefix::{Cursor, PrefixIndex},
 };
 
@@ -51,7 +51,7 @@ pub fn build_candidates<'a>(
     let need = req
         .prompt_tokens
         .saturating_add(req.max_tokens.unwrap_or(1).max(1));
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(replicas.len());
     for r in replicas {
         let models = r.models.load();
         let Some(entry) = models.get(&req.model) else {
@@ -81,6 +81,7 @@ pub fn build_candidates<'a>(
             .as_ref()
             .map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
         let peer = r.peer_load.load();
+        let kv_capacity_tokens = scraped.as_deref().and_then(Scraped::kv_capacity_tokens);
         out.push(Candidate {
             replica: r,
             cached_tokens: 0,
@@ -89,6 +90,7 @@ pub fn build_candidates<'a>(
             peers_age_s: (now_s - peer.updated_s).max(0.0),
             scraped: scraped.filter(|_| scraped_age_s <= params.stale_after_s),
             scraped_age_s,
+            kv_capacity_tokens,
         });
     }
     if serving == 0 {
@@ -127,8 +129,7 @@ pub fn fill_prefix_matches(
             replica: c.replica.id,
             seq: c.replica.prefix_cursor.load(Relaxed),
             capacity: c
-                .replica
-                .kv_capacity_tokens()
+                .kv_capacity_tokens
                 .map_or(u64::MAX, |t| (t / block_tokens.max(1) as u64).max(1)),
         })
         .collect();

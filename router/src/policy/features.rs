@@ -4,7 +4,7 @@
 
 use headroom_predictor::{Observation, ReplicaKey};
 
-use super::{Candidate, RequestProfile};
+use super::{Candidate, Load, RequestProfile};
 
 /// Predictor key of a candidate.
 pub fn key(c: &Candidate<'_>) -> ReplicaKey {
@@ -13,7 +13,11 @@ pub fn key(c: &Candidate<'_>) -> ReplicaKey {
 
 /// The observation for placing `req` on `c`, excluding `req` itself from the load.
 pub fn observation(req: &RequestProfile, c: &Candidate<'_>) -> Observation {
-    let load = c.load();
+    observation_with(req, c, &c.load())
+}
+
+/// As [`observation`], with the candidate's total load already summed.
+pub fn observation_with(req: &RequestProfile, c: &Candidate<'_>, load: &Load) -> Observation {
     let s = c.scraped.as_deref();
     Observation {
         prompt_tokens: req.prompt_tokens as f64,
@@ -27,7 +31,7 @@ pub fn observation(req: &RequestProfile, c: &Candidate<'_>) -> Observation {
         decode_remaining_tokens: load.decode_remaining_tokens,
         prefill_inflow_tps: load.prefill_inflow_tps,
         kv_usage: s.and_then(|s| s.kv_usage).unwrap_or(0.0),
-        kv_capacity_tokens: c.replica.kv_capacity_tokens().unwrap_or(0) as f64,
+        kv_capacity_tokens: c.kv_capacity_tokens.unwrap_or(0) as f64,
         scraped_waiting: s.map_or(0.0, |s| s.waiting),
         scraped_running: s.map_or(0.0, |s| s.running),
         preemption_rate: s.map_or(0.0, |s| s.preemption_rate),

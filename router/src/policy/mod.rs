@@ -137,6 +137,8 @@ pub struct Candidate<'a> {
     /// Last scraped engine state, if fresh enough to use.
     pub scraped: Option<Arc<Scraped>>,
     pub scraped_age_s: f64,
+    /// KV capacity in tokens from the last scrape, however old (it does not drift).
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 impl Candidate<'_> {

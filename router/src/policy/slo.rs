@@ -26,8 +26,8 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Candidate, Choice, DecideCtx, Decision, Forecast, Policy, RequestProfile, baselines::TokenLoad,
-    features, rank,
+    Candidate, Choice, DecideCtx, Decision, Forecast, Load, Policy, RequestProfile,
+    baselines::TokenLoad, features, rank,
 };
 use crate::config::Fallback;
 
@@ -273,9 +273,11 @@ impl Policy for SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let snap = self.predictor.load();
+        let loads: Vec<Load> = cands.iter().map(Candidate::load).collect();
         let obs: Vec<_> = cands
             .iter()
-            .map(|c| features::observation(req, c))
+            .zip(&loads)
+            .map(|(c, l)| features::observation_with(req, c, l))
             .collect();
         let preds: Vec<Prediction> = cands
             .iter()
@@ -300,8 +302,8 @@ impl Policy for SloPolicy {
             .iter()
             .zip(&preds)
             .zip(&obs)
-            .map(|((c, p), o)| {
-                let load = c.load();
+            .zip(&loads)
+            .map(|(((c, p), o), load)| {
                 let mut e = evaluate(p, req.slo.ttft_ms, req.slo.tpot_ms, load.min_tpot_slo_ms);
                 // This prefill stretches the steps of every request decoding there: the
                 // expected objectives it would break count against the placement.
@@ -314,7 +316,7 @@ impl Policy for SloPolicy {
                     alone.queued_prefill_tokens = 0.0;
                     alone.queued_requests = 0.0;
                     alone.queued_attention_pairs = 0.0;
-                    let prefill_ms = snap.predict(features::key(c), &alone).ttft_ms;
+                    let prefill_ms = snap.predict_ttft_ms(features::key(c), &alone);
                     let remaining =
                         (load.decode_remaining_tokens / load.decoding_requests).max(8.0);
                     let slo = load.min_tpot_slo_ms.unwrap_or(req.slo.tpot_ms);
@@ -334,7 +336,7 @@ impl Policy for SloPolicy {
                     / req.prompt_tokens.max(1) as f64;
                 e.cost += self.cfg.cache_weight * wasted;
                 // A cold replica with nothing on it is safe to try: that is how it warms.
-                if p.ttft_state != ModelState::Warm && c.load().requests == 0.0 {
+                if p.ttft_state != ModelState::Warm && load.requests == 0.0 {
                     e.tier = 0;
                     e.p_violate = e.p_violate.min(0.1);
                 }

@@ -57,12 +57,14 @@ pub fn cand(r: &Replica, cached: u32, own: Load) -> Candidate<'_> {
         peers_age_s: 0.0,
         scraped: None,
         scraped_age_s: f64::INFINITY,
+        kv_capacity_tokens: None,
     }
 }
 
 /// As [`cand`], with a fresh scrape.
 pub fn cand_s(r: &Replica, cached: u32, own: Load, s: Arc<Scraped>) -> Candidate<'_> {
     Candidate {
+        kv_capacity_tokens: s.kv_capacity_tokens(),
         scraped: Some(s),
         scraped_age_s: 0.5,
         ..cand(r, cached, own)
