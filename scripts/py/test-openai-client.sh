@@ -17,9 +17,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Started in this shell (not in `$(…)`, whose subshell would lose the pid and leave the
+# replica running after the test).
 start_replica() {
     "$BIN/headroom-replica" --listen 127.0.0.1:0 --model tiny --profile h100-llama3-8b --time-scale 0.2 --seed "$1" >"$WORK/r$1.log" 2>&1 &
     PIDS+=("$!")
+}
+addr_of() {
     for _ in $(seq 100); do
         addr="$(grep -o 'http://127[0-9.:]*' "$WORK/r$1.log" | head -n 1 || true)"
         [[ -n "$addr" ]] && { echo "$addr"; return; }
@@ -27,8 +31,10 @@ start_replica() {
     done
     echo "replica $1 did not start" >&2; cat "$WORK/r$1.log" >&2; exit 1
 }
-R1="$(start_replica 1)"
-R2="$(start_replica 2)"
+start_replica 1
+start_replica 2
+R1="$(addr_of 1)"
+R2="$(addr_of 2)"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 "$BIN/headroom" --log warn serve --listen "127.0.0.1:$PORT" --replica "$R1" --replica "$R2" --tokenizer tiny=cl100k >"$WORK/router.log" 2>&1 &
 PIDS+=("$!")

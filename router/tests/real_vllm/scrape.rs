@@ -14,9 +14,10 @@ use super::{
 };
 
 /// Long requests per server: 2,000-token prompts in an 8,192-token KV cache. Four are
-/// admitted, one is soon preempted as they grow, then three run and three wait for
-/// seconds (1,500-token outputs), which gives steady gauges to compare.
-const PER_SERVER: usize = 6;
+/// admitted, one is soon preempted as they grow, then three run and five wait for
+/// seconds (1,500-token outputs), which gives steady gauges to compare. (With six, a
+/// loaded 2-core machine sometimes read a server's `/metrics` too late to see a queue.)
+const PER_SERVER: usize = 8;
 
 async fn engines(env: &Env) -> Vec<EngineView> {
     join_all(env.urls.iter().map(|u| engine(u))).await
@@ -57,7 +58,8 @@ fn compare_loaded(i: usize, e: &Value, a: &EngineView, b: &EngineView, c: &Engin
     let s = &e["scraped"];
     let got = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
     let age = e["scraped_age_s"].as_f64().unwrap_or(f64::INFINITY);
-    assert!(age < 5.0, "vllm-{i}: scrape {age:.2} s old");
+    // A busy CPU server answers `/metrics` from the engine's own event loop: seconds.
+    assert!(age < 10.0, "vllm-{i}: scrape {age:.2} s old");
     if age > GAP.as_secs_f64() * 0.8 {
         return Compared::TooOld;
     }
