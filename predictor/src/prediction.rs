@@ -91,14 +91,16 @@ impl Prediction {
     /// interpolates between and beyond them. A non-positive or NaN SLO yields 1.
     pub fn violation_probability(&self, slo_ttft_ms: f64, slo_tpot_ms: f64) -> (f64, f64) {
         (
-            tail(self.ttft_median_ms, self.ttft_log_sigma, slo_ttft_ms),
-            tail(self.tpot_median_ms, self.tpot_log_sigma, slo_tpot_ms),
+            lognormal_tail(self.ttft_median_ms, self.ttft_log_sigma, slo_ttft_ms),
+            lognormal_tail(self.tpot_median_ms, self.tpot_log_sigma, slo_tpot_ms),
         )
     }
 }
 
+/// P(y > slo) for a lognormal with this median and log-spread: 1 for a non-positive or
+/// NaN `slo`, 0 for an infinite one.
 #[inline]
-fn tail(median: f64, sigma: f64, slo: f64) -> f64 {
+pub fn lognormal_tail(median: f64, sigma: f64, slo: f64) -> f64 {
     if slo.is_nan() || slo <= 0.0 {
         return 1.0;
     }

@@ -4,6 +4,8 @@
 //! candidate filtering, prefix matching, feature building, prediction for every
 //! candidate, ranking — for N replicas; `policy/slo/N` is the policy alone, and the
 //! token-load rows are the cheapest baseline for comparison.
+//! Criterion reports means; after it, `tail` times 20,000 single `route/slo` decisions
+//! per fleet size one by one and prints p50/p99/p99.9 (the bound is on the p99).
 //! Run: `cargo bench -p headroom --bench decision`.
 
 use std::sync::Arc;
@@ -111,10 +113,10 @@ fn warm_predictor(replicas: &[Arc<Replica>]) -> Arc<SharedPredictor> {
     Arc::new(SharedPredictor::new(l.snapshot(60.0)))
 }
 
-fn bench(c: &mut Criterion) {
+fn request() -> RequestProfile {
     let prompt: Vec<u32> = (0..2048).collect();
     let shape = tokens::shape_of_ids(&prompt, 16, 8192);
-    let req = RequestProfile {
+    RequestProfile {
         model: "m".into(),
         prompt_tokens: shape.tokens,
         blocks: shape.blocks,
@@ -127,20 +129,32 @@ fn bench(c: &mut Criterion) {
         priority: 0,
         fallback: Default::default(),
         stream: true,
-    };
-    let params = CandidateParams {
+    }
+}
+
+fn params() -> CandidateParams {
+    CandidateParams {
         block_tokens: 16,
         stale_after_s: 1e9,
-    };
+    }
+}
+
+/// Half the fleet holds the first 64 blocks of the request's prompt.
+fn half_fleet_holds_prefix(replicas: &[Arc<Replica>], req: &RequestProfile) -> PrefixIndex {
+    let prefix = PrefixIndex::new(1 << 20);
+    for r in replicas.iter().step_by(2) {
+        prefix.record(&r.prefix_cursor, r.id, &req.blocks[..64], 0);
+    }
+    prefix
+}
+
+fn bench(c: &mut Criterion) {
+    let (req, params) = (request(), params());
     let mut g = c.benchmark_group("decision");
     for n in [8usize, 64, 256, 1024] {
         let replicas = fleet(n);
         let predictor = warm_predictor(&replicas);
-        let prefix = PrefixIndex::new(1 << 20);
-        // Half the fleet holds part of the prompt's prefix.
-        for r in replicas.iter().step_by(2) {
-            prefix.record(&r.prefix_cursor, r.id, &req.blocks[..64], 0);
-        }
+        let prefix = half_fleet_holds_prefix(&replicas, &req);
         g.throughput(Throughput::Elements(1));
         for name in [PolicyName::Slo, PolicyName::TokenLoad] {
             let pol = policy::build(name, predictor.clone(), Default::default());
@@ -175,5 +189,45 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Per-decision percentiles of the whole `route` with the `slo` policy, one decision at a
+/// time on this thread (criterion only reports means of batches).
+fn tail(_c: &mut Criterion) {
+    let (req, params) = (request(), params());
+    for n in [8usize, 64, 256, 1024] {
+        let replicas = fleet(n);
+        let predictor = warm_predictor(&replicas);
+        let prefix = half_fleet_holds_prefix(&replicas, &req);
+        let pol = policy::build(PolicyName::Slo, predictor.clone(), Default::default());
+        let inputs = RouteInputs {
+            policy: pol.as_ref(),
+            predictor: &predictor,
+            prefix: &prefix,
+            replicas: &replicas,
+            params,
+            max_targets: 3,
+        };
+        let mut rng = SmallRng::seed_from_u64(2);
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        for i in 0..22_000 {
+            let t = std::time::Instant::now();
+            let r = route(&inputs, &req, 1.0, &mut rng).expect("routable");
+            let ns = t.elapsed().as_nanos() as u64;
+            std::hint::black_box(r);
+            // The first 2,000 warm caches and the allocator.
+            if i >= 2_000 {
+                h.record(ns).expect("in range");
+            }
+        }
+        println!(
+            "decision/tail/route/slo/{n}: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs ({} decisions)",
+            h.value_at_quantile(0.5) as f64 / 1e3,
+            h.value_at_quantile(0.99) as f64 / 1e3,
+            h.value_at_quantile(0.999) as f64 / 1e3,
+            h.max() as f64 / 1e3,
+            h.len()
+        );
+    }
+}
+
+criterion_group!(benches, bench, tail);
 criterion_main!(benches);

@@ -4,20 +4,33 @@
 use rand::Rng;
 
 /// Indices `0..costs.len()` ordered by ascending cost; exact ties in random order.
+///
+/// One draw from `rng` seeds a splitmix64 sequence for the tie-break keys: a draw per
+/// candidate through `dyn RngCore` was a tenth of a 64-candidate decision.
 pub fn by_cost(costs: &[f64], rng: &mut dyn rand::RngCore) -> Vec<usize> {
-    let mut keyed: Vec<(f64, u32, usize)> = costs
+    let seed = rng.random::<u64>();
+    let mut keyed: Vec<(f64, u64, u32)> = costs
         .iter()
         .enumerate()
         .map(|(i, c)| {
             (
                 if c.is_nan() { f64::INFINITY } else { *c },
-                rng.random::<u32>(),
-                i,
+                mix64(seed.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+                i as u32,
             )
         })
         .collect();
-    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    keyed.into_iter().map(|(_, _, i)| i).collect()
+    // The keys are distinct (the index is last), so an unstable sort is deterministic.
+    keyed.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    keyed.into_iter().map(|(_, _, i)| i as usize).collect()
+}
+
+/// splitmix64's finaliser: a bijection of u64 that scrambles neighbouring inputs.
+#[inline]
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
