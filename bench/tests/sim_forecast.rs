@@ -78,9 +78,10 @@ fn slo_forecasts_within_bounds_and_beats_every_baseline_on_a_mixed_fleet() {
     assert!(ttft_mape <= 8.0, "TTFT MAPE {ttft_mape:.1}% over the seeds");
     // TPOT here depends on documents that arrive while a request decodes (a 20k-token
     // prefill adds ~5 ms to every token of a 2 s chat response): no router can see
-    // those at decision time. This bounds what the model leaves on top of that.
+    // those at decision time. This bounds what the model leaves on top of that (11.3%
+    // with the Huber-weighted fit; 12.6% with plain squared loss).
     assert!(
-        tpot_mape <= 15.0,
+        tpot_mape <= 12.5,
         "TPOT MAPE {tpot_mape:.1}% over the seeds"
     );
 }
