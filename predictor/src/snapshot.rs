@@ -320,18 +320,24 @@ impl Snapshot {
         }
     }
 
+    /// Runs `f` on `obs`, or on its sanitised copy (counted) when it has bad values.
+    #[inline(always)]
+    fn with_clean<R>(&self, obs: &Observation, f: impl FnOnce(&Observation) -> R) -> R {
+        if obs.is_clean() {
+            f(obs)
+        } else {
+            Counters::bump(&self.counters.sanitized_predictions);
+            f(&obs.sanitized().0)
+        }
+    }
+
     /// Forecast TTFT and TPOT for placing a request with `obs` on `key`. Never panics,
     /// never NaN: bad inputs are sanitised (and counted).
     #[inline]
     pub fn predict(&self, key: ReplicaKey, obs: &Observation) -> Prediction {
         let e = self.entry(key);
         let d = &self.d;
-        let (xt, xp) = if obs.is_clean() {
-            all_features(obs, &d.fp)
-        } else {
-            Counters::bump(&self.counters.sanitized_predictions);
-            all_features(&obs.sanitized().0, &d.fp)
-        };
+        let (xt, xp) = self.with_clean(obs, |o| all_features(o, &d.fp));
         let t = e.ttft.eval(&xt, d.floor_ms, d.guard_factor, d.z_hi);
         let p = e.tpot.eval(&xp, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
@@ -359,12 +365,7 @@ impl Snapshot {
     pub fn predict_ttft_ms(&self, key: ReplicaKey, obs: &Observation) -> f64 {
         let e = self.entry(key);
         let d = &self.d;
-        let x = if obs.is_clean() {
-            ttft_features(obs, &d.fp)
-        } else {
-            Counters::bump(&self.counters.sanitized_predictions);
-            ttft_features(&obs.sanitized().0, &d.fp)
-        };
+        let x = self.with_clean(obs, |o| ttft_features(o, &d.fp));
         e.ttft.mean(&x, d.floor_ms)
     }
 

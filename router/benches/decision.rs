@@ -17,7 +17,7 @@ use headroom::{
     fleet::{EngineKind, ModelEntry, Replica, Scraped, ServedModels},
     ledger::BookingSpec,
     policy::{
-        self, DecideCtx, PolicyName, RequestProfile, Slo, build_candidates,
+        self, DecideCtx, Policy, PolicyName, RequestProfile, Slo, build_candidates,
         candidates::CandidateParams,
     },
     prefix::PrefixIndex,
@@ -148,30 +148,52 @@ fn half_fleet_holds_prefix(replicas: &[Arc<Replica>], req: &RequestProfile) -> P
     prefix
 }
 
+/// A warm fleet of `n` replicas, half holding the request's prefix.
+struct Setup {
+    replicas: Vec<Arc<Replica>>,
+    predictor: Arc<SharedPredictor>,
+    prefix: PrefixIndex,
+}
+
+impl Setup {
+    fn new(n: usize, req: &RequestProfile) -> Self {
+        let replicas = fleet(n);
+        let predictor = warm_predictor(&replicas);
+        let prefix = half_fleet_holds_prefix(&replicas, req);
+        Self {
+            replicas,
+            predictor,
+            prefix,
+        }
+    }
+
+    fn inputs<'a>(&'a self, pol: &'a dyn Policy) -> RouteInputs<'a> {
+        RouteInputs {
+            policy: pol,
+            predictor: &self.predictor,
+            prefix: &self.prefix,
+            replicas: &self.replicas,
+            params: params(),
+            max_targets: 3,
+        }
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let (req, params) = (request(), params());
     let mut g = c.benchmark_group("decision");
     for n in [8usize, 64, 256, 1024] {
-        let replicas = fleet(n);
-        let predictor = warm_predictor(&replicas);
-        let prefix = half_fleet_holds_prefix(&replicas, &req);
+        let setup = Setup::new(n, &req);
         g.throughput(Throughput::Elements(1));
         for name in [PolicyName::Slo, PolicyName::TokenLoad] {
-            let pol = policy::build(name, predictor.clone(), Default::default());
-            let inputs = RouteInputs {
-                policy: pol.as_ref(),
-                predictor: &predictor,
-                prefix: &prefix,
-                replicas: &replicas,
-                params,
-                max_targets: 3,
-            };
+            let pol = policy::build(name, setup.predictor.clone(), Default::default());
+            let inputs = setup.inputs(pol.as_ref());
             let mut rng = SmallRng::seed_from_u64(1);
             g.bench_with_input(BenchmarkId::new(format!("route/{name}"), n), &n, |b, _| {
                 b.iter(|| route(&inputs, &req, 1.0, &mut rng).expect("routable"))
             });
-            let cands =
-                build_candidates(&req, &replicas, &prefix, params, 1.0).expect("candidates");
+            let cands = build_candidates(&req, &setup.replicas, &setup.prefix, params, 1.0)
+                .expect("candidates");
             g.bench_with_input(BenchmarkId::new(format!("policy/{name}"), n), &n, |b, _| {
                 b.iter(|| {
                     pol.decide(
@@ -192,20 +214,11 @@ fn bench(c: &mut Criterion) {
 /// Per-decision percentiles of the whole `route` with the `slo` policy, one decision at a
 /// time on this thread (criterion only reports means of batches).
 fn tail(_c: &mut Criterion) {
-    let (req, params) = (request(), params());
+    let req = request();
     for n in [8usize, 64, 256, 1024] {
-        let replicas = fleet(n);
-        let predictor = warm_predictor(&replicas);
-        let prefix = half_fleet_holds_prefix(&replicas, &req);
-        let pol = policy::build(PolicyName::Slo, predictor.clone(), Default::default());
-        let inputs = RouteInputs {
-            policy: pol.as_ref(),
-            predictor: &predictor,
-            prefix: &prefix,
-            replicas: &replicas,
-            params,
-            max_targets: 3,
-        };
+        let setup = Setup::new(n, &req);
+        let pol = policy::build(PolicyName::Slo, setup.predictor.clone(), Default::default());
+        let inputs = setup.inputs(pol.as_ref());
         let mut rng = SmallRng::seed_from_u64(2);
         let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
         for i in 0..22_000 {
