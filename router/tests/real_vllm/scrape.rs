@@ -47,7 +47,8 @@ enum Compared {
     /// The server's state moved (admissions, preemptions, completions): gauges are not
     /// monotonic then, so only the counters were compared.
     Moved,
-    /// The router's scrape may predate `a` (a slow scrape of a busy server).
+    /// The router's scrape may predate `a`. Its age counts from when the scrape was
+    /// sent (the server's answer is no older), so an age under `GAP` proves it did not.
     TooOld,
 }
 
