@@ -35,6 +35,10 @@ fn main() -> anyhow::Result<()> {
             fleet: parse_fleet(&fleet).map_err(anyhow::Error::msg)?,
             ..SimConfig::default()
         };
+        // SEED=n reseeds step noise and the policies' random choices.
+        if let Some(seed) = std::env::var("SEED").ok().and_then(|s| s.parse().ok()) {
+            cfg.seed = seed;
+        }
         // Policy experiments: SLO_CFG='{"cache_weight":2.0}' overrides the slo knobs.
         if let Ok(j) = std::env::var("SLO_CFG") {
             cfg.slo = serde_json::from_str(&j)?;
@@ -107,6 +111,17 @@ fn main() -> anyhow::Result<()> {
             pct(h, 0.99),
             d.len()
         );
+        // What the sim_forecast test judges: the run after a 25% warm-up.
+        let sum = headroom_bench::report::RunSummary::with_warmup(&r, 0.25);
+        for (name, f) in [("ttft", &sum.ttft_forecast), ("tpot", &sum.tpot_forecast)] {
+            if let Some(f) = f {
+                println!(
+                    "   after warm-up {name}: MAPE {:.1}% coverage {:.3}",
+                    f.mape_pct,
+                    f.coverage.unwrap_or(f64::NAN)
+                );
+            }
+        }
         // Forecast error by tenant and replica, after the first 10% of arrivals.
         let skip = r.records.len() / 10;
         let mut groups: std::collections::BTreeMap<String, (f64, f64, usize)> = Default::default();
