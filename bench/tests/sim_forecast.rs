@@ -49,9 +49,11 @@ fn later_prefill_during_decode(r: &RequestRecord, all: &[RequestRecord]) -> f64 
 /// TPOT MAPE (%) after warm-up, split by whether later arrivals put at least `tokens`
 /// of prefill into the request's decode: (calm MAPE, calm count, disturbed MAPE, count).
 fn tpot_mape_by_disturbance(recs: &[RequestRecord], tokens: f64) -> (f64, usize, f64, usize) {
-    let (lo, hi) = recs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| {
-        (a.min(r.arrival_s), b.max(r.arrival_s))
-    });
+    let (lo, hi) = recs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| {
+            (a.min(r.arrival_s), b.max(r.arrival_s))
+        });
     let cut = lo + (hi - lo) * WARMUP_SHARE;
     let (mut calm, mut busy) = ((0.0, 0usize), (0.0, 0usize));
     for r in recs.iter().filter(|r| r.arrival_s >= cut) {

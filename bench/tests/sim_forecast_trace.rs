@@ -42,7 +42,11 @@ fn forecasts_meet_the_bars_and_slo_beats_every_baseline_on_the_azure_conversatio
             "seed {seed}: slo attainment {:.3}; TTFT MAPE {:.1}% coverage {tc:.3}; TPOT MAPE {:.1}% coverage {pc:.3} ({} forecasts)",
             slo.attainment, ttft.mape_pct, tpot.mape_pct, tpot.samples
         );
-        assert!(tpot.samples >= 1500, "seed {seed}: {} forecasts", tpot.samples);
+        assert!(
+            tpot.samples >= 1500,
+            "seed {seed}: {} forecasts",
+            tpot.samples
+        );
         for (name, mape) in [("TTFT", ttft.mape_pct), ("TPOT", tpot.mape_pct)] {
             assert!(mape <= 10.0, "seed {seed}: {name} MAPE {mape:.1}%");
         }

@@ -89,8 +89,14 @@ struct Inflow {
 
 impl Inflow {
     fn rate(&self, now_s: f64) -> f64 {
-        let dt = (now_s - self.at_s).max(0.0);
-        self.acc * (-dt / INFLOW_TAU_S).exp() / INFLOW_TAU_S
+        let x = (now_s - self.at_s).max(0.0) / INFLOW_TAU_S;
+        // Read on every candidate of every decision: skip the exp when nothing flowed
+        // or it has long decayed (e^-40 ≈ 4e-18; deeper arguments take libm's slow
+        // underflow path).
+        if self.acc == 0.0 || x > 40.0 {
+            return 0.0;
+        }
+        self.acc * (-x).exp() / INFLOW_TAU_S
     }
     fn add(&mut self, tokens: f64, now_s: f64) {
         let dt = (now_s - self.at_s).max(0.0);

@@ -43,10 +43,20 @@ pub struct Cursor {
     pub capacity: u64,
 }
 
-impl Cursor {
-    fn fresh(&self, h: &Holder) -> bool {
-        h.replica == self.replica && self.seq.saturating_sub(h.seq) < self.capacity
-    }
+/// A candidate's cursor, indexed by replica id during a match.
+#[derive(Clone, Copy)]
+struct Slot {
+    slot: u32,
+    seq: u64,
+    capacity: u64,
+}
+
+impl Slot {
+    const NONE: Slot = Slot {
+        slot: u32::MAX,
+        seq: 0,
+        capacity: 0,
+    };
 }
 
 /// Approximate, bounded, concurrent prefix index.
@@ -79,23 +89,32 @@ impl PrefixIndex {
         if cursors.is_empty() {
             return;
         }
-        // Replica id → candidate slot, for O(1) lookups while walking holders.
+        // Replica id → (candidate slot, cursor, capacity): one lookup per holder walked,
+        // which is the inner loop (blocks × holders).
         let max_id = cursors.iter().map(|c| c.replica).max().unwrap_or(0) as usize;
-        let mut slot = vec![u32::MAX; max_id + 1];
+        let mut tab = vec![Slot::NONE; max_id + 1];
         for (i, c) in cursors.iter().enumerate() {
-            slot[c.replica as usize] = i as u32;
+            tab[c.replica as usize] = Slot {
+                slot: i as u32,
+                seq: c.seq,
+                capacity: c.capacity,
+            };
         }
         for (i, h) in blocks.iter().enumerate() {
             let shard = self.shards[shard_of(*h)].lock();
             let Some(entry) = shard.get(h) else { break };
             let mut hits = 0;
+            let i = i as u32;
             for hd in &entry.holders {
-                let Some(&c) = slot.get(hd.replica as usize) else {
+                let Some(t) = tab.get(hd.replica as usize) else {
                     continue;
                 };
                 // Alive candidates are exactly those that matched every earlier block.
-                if c != u32::MAX && out[c as usize] == i as u32 && cursors[c as usize].fresh(hd) {
-                    out[c as usize] = i as u32 + 1;
+                if t.slot != u32::MAX
+                    && out[t.slot as usize] == i
+                    && t.seq.saturating_sub(hd.seq) < t.capacity
+                {
+                    out[t.slot as usize] = i + 1;
                     hits += 1;
                 }
             }
