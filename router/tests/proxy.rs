@@ -308,6 +308,36 @@ async fn models_health_ready_and_debug() {
     assert!(rep["scraped_age_s"].as_f64().unwrap() < 1.0);
 }
 
+/// A replica whose `/metrics` takes 300 ms describes its state as of when the scrape was
+/// sent: the router never reports that state as fresher than it is.
+#[tokio::test]
+async fn a_slow_metrics_endpoint_is_never_reported_fresher_than_it_is() {
+    let m = mock("m").await;
+    m.metrics_delay_ms.store(300, SeqCst);
+    let r = router(&[m.url()], PolicyName::RoundRobin, |_| {}).await;
+    let mut ages = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ages.len() < 10 {
+        assert!(std::time::Instant::now() < deadline, "ages seen: {ages:?}");
+        let dbg: Value = client()
+            .get(r.url("/debug/replicas"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(age) = dbg["replicas"][0]["scraped_age_s"].as_f64() {
+            ages.push(age);
+        }
+        tokio::time::sleep(Duration::from_millis(70)).await;
+    }
+    assert!(
+        ages.iter().all(|a| *a >= 0.29 && *a < 3.0),
+        "a 300 ms scrape reported as younger than 300 ms, or stale: {ages:?}"
+    );
+}
+
 #[tokio::test]
 async fn silent_replica_costs_one_first_byte_timeout_then_retries() {
     let silent = mock("m").await;

@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst},
+        atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst},
     },
     time::Duration,
 };
@@ -46,6 +46,8 @@ pub struct Mock {
     pub behaviour: Arc<AtomicU32>,
     pub hits: Arc<AtomicUsize>,
     pub health_ok: Arc<AtomicU32>,
+    /// How long `/metrics` takes to answer (ms): a busy engine's event loop.
+    pub metrics_delay_ms: Arc<AtomicU64>,
     cancel: CancellationToken,
 }
 
@@ -70,6 +72,7 @@ struct MockState {
     behaviour: Arc<AtomicU32>,
     hits: Arc<AtomicUsize>,
     health_ok: Arc<AtomicU32>,
+    metrics_delay_ms: Arc<AtomicU64>,
 }
 
 fn behaviour(s: &MockState) -> Behaviour {
@@ -176,11 +179,13 @@ pub async fn mock(model: &str) -> Mock {
     let behaviour = Arc::new(AtomicU32::new(0));
     let hits = Arc::new(AtomicUsize::new(0));
     let health_ok = Arc::new(AtomicU32::new(1));
+    let metrics_delay_ms = Arc::new(AtomicU64::new(0));
     let st = MockState {
         model: model.into(),
         behaviour: behaviour.clone(),
         hits: hits.clone(),
         health_ok: health_ok.clone(),
+        metrics_delay_ms: metrics_delay_ms.clone(),
     };
     let app = Router::new()
         .route("/v1/completions", post(|s: State<MockState>, b: Bytes| complete(s, false, b)))
@@ -199,7 +204,13 @@ pub async fn mock(model: &str) -> Mock {
         )
         .route(
             "/metrics",
-            get(|| async { "vllm:num_requests_running{engine=\"0\"} 0\nvllm:num_requests_waiting{engine=\"0\"} 0\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n" }),
+            get(|State(s): State<MockState>| async move {
+                let delay = s.metrics_delay_ms.load(SeqCst);
+                if delay > 0 {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
+                "vllm:num_requests_running{engine=\"0\"} 0\nvllm:num_requests_waiting{engine=\"0\"} 0\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n"
+            }),
         )
         .with_state(st);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -217,6 +228,7 @@ pub async fn mock(model: &str) -> Mock {
         behaviour,
         hits,
         health_ok,
+        metrics_delay_ms,
         cancel,
     }
 }
