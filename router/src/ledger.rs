@@ -456,6 +456,9 @@ mod tests {
         let later = l.load(14.0).prefill_inflow_tps;
         assert!((now - 1000.0).abs() < 1e-6, "{now}");
         assert!(later < now * 0.2);
+        // Long idle: nothing left, and no NaN or denormal from the decay.
+        assert_eq!(l.load(10.0 + 100.0 * INFLOW_TAU_S).prefill_inflow_tps, 0.0);
+        assert_eq!(Ledger::new().load(5.0).prefill_inflow_tps, 0.0);
     }
 
     proptest! {
