@@ -207,14 +207,7 @@ async fn dead_replica_is_ejected_and_traffic_moves() {
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let dbg: Value = client()
-            .get(r.url("/debug/replicas"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let dbg: Value = r.get_json("/debug/replicas").await;
         let d = dbg["replicas"]
             .as_array()
             .unwrap()
@@ -272,14 +265,7 @@ async fn stalled_replica_times_out_to_another_and_is_readmitted() {
 async fn models_health_ready_and_debug() {
     let m = mock("m").await;
     let r = router(&[m.url()], PolicyName::RoundRobin, |_| {}).await;
-    let models: Value = client()
-        .get(r.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = r.get_json("/v1/models").await;
     assert_eq!(models["data"][0]["id"], "m");
     assert_eq!(
         client()
@@ -294,14 +280,7 @@ async fn models_health_ready_and_debug() {
         client().get(r.url("/ready")).send().await.unwrap().status(),
         200
     );
-    let dbg: Value = client()
-        .get(r.url("/debug/replicas"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let dbg: Value = r.get_json("/debug/replicas").await;
     let rep = &dbg["replicas"][0];
     assert_eq!(rep["scraped"]["kv_usage"], 0.1);
     assert_eq!(rep["scraped"]["num_gpu_blocks"], 1000);
@@ -319,14 +298,7 @@ async fn a_slow_metrics_endpoint_is_never_reported_fresher_than_it_is() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while ages.len() < 10 {
         assert!(std::time::Instant::now() < deadline, "ages seen: {ages:?}");
-        let dbg: Value = client()
-            .get(r.url("/debug/replicas"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let dbg: Value = r.get_json("/debug/replicas").await;
         if let Some(age) = dbg["replicas"][0]["scraped_age_s"].as_f64() {
             ages.push(age);
         }

@@ -243,6 +243,18 @@ impl TestRouter {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
+
+    /// GET `path` and parse the JSON answer.
+    pub async fn get_json(&self, path: &str) -> Value {
+        client()
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
 }
 
 impl Drop for TestRouter {
