@@ -25,6 +25,8 @@ pub struct ReplicaView {
     pub health: String,
     pub routable: bool,
     pub ejections: u64,
+    /// The node's own clock: seconds from its last ejection to this answer.
+    pub last_ejection_age_s: Option<f64>,
     pub inflight: f64,
     /// This node's requests there that have had their first token.
     pub decoding: f64,
@@ -81,6 +83,7 @@ pub fn parse_replicas(v: &Value) -> Option<Vec<ReplicaView>> {
                 health: r["health"].as_str().unwrap_or_default().to_string(),
                 routable: r["routable"] == true,
                 ejections: r["ejections"].as_u64().unwrap_or(0),
+                last_ejection_age_s: r["last_ejection_age_s"].as_f64(),
                 inflight: r["inflight"]["requests"].as_f64().unwrap_or(f64::NAN),
                 decoding: r["inflight"]["decoding_requests"].as_f64().unwrap_or(0.0),
                 peer_inflight: r["peer_inflight"]["requests"].as_f64().unwrap_or(0.0),
@@ -216,7 +219,13 @@ pub fn health_trace(
             t.unroutable_samples += 1;
         }
         if t.ejected_s.is_none() && (!r.routable || r.ejections > base) {
-            t.ejected_s = Some(s.t_s);
+            // Dated by the node itself when it says (the sample may arrive up to a
+            // polling period later); never before the fault it answers.
+            let dated = r
+                .last_ejection_age_s
+                .filter(|_| r.ejections > base)
+                .map_or(s.t_s, |age| (s.t_s - age).max(fault_s));
+            t.ejected_s = Some(dated);
         }
         if let Some(from) = readmit_from
             && t.readmitted_s.is_none()

@@ -179,6 +179,7 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
 
 async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
     let now = clock::now_s();
+    let now_ms = clock::now_ms();
     let list: Vec<Value> = node
         .fleet
         .replicas()
@@ -192,6 +193,7 @@ async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
                 "health": r.health.state(), "routable": r.health.routable(),
                 "consecutive_failures": r.health.consecutive_failures(),
                 "ejections": r.health.total_ejections(),
+                "last_ejection_age_s": r.health.last_ejection_age_s(now_ms),
                 "models": &r.models.load().models,
                 "scraped": scraped.as_deref(),
                 "scraped_age_s": scraped.as_ref().map(|s| now - s.at_s),

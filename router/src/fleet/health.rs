@@ -38,6 +38,9 @@ pub struct Health {
     ejections_in_a_row: AtomicU32,
     healthy_since_ms: AtomicU64,
     total_ejections: AtomicU64,
+    /// `now_ms + 1` at the last ejection (0: never), so operators and the chaos
+    /// harness can date an ejection without polling for it.
+    last_ejected_ms_plus_one: AtomicU64,
 }
 
 const HEALTHY: u8 = 1;
@@ -79,6 +82,14 @@ impl Health {
         self.ejected_until_ms.load(Relaxed)
     }
 
+    /// Seconds since the last ejection at `now_ms`, or None if never ejected.
+    pub fn last_ejection_age_s(&self, now_ms: u64) -> Option<f64> {
+        match self.last_ejected_ms_plus_one.load(Relaxed) {
+            0 => None,
+            at => Some(now_ms.saturating_sub(at - 1) as f64 / 1e3),
+        }
+    }
+
     /// A probe or request succeeded at `now_ms`. Returns true on re-admission.
     pub fn on_success(&self, signal: Signal, now_ms: u64, cfg: &HealthConfig) -> bool {
         self.streak(signal).store(0, Relaxed);
@@ -118,6 +129,8 @@ impl Health {
         self.ejected_until_ms.store(now_ms + period, Relaxed);
         self.state.store(EJECTED, Relaxed);
         self.total_ejections.fetch_add(1, Relaxed);
+        self.last_ejected_ms_plus_one
+            .store(now_ms.saturating_add(1), Relaxed);
         true
     }
 }
@@ -142,12 +155,14 @@ mod tests {
         assert_eq!(h.state(), HealthState::Unknown);
         h.on_success(Signal::Probe, 0, &c);
         assert!(h.routable());
+        assert_eq!(h.last_ejection_age_s(5), None);
         assert!(!h.on_failure(Signal::Request, 10, &c));
         h.on_success(Signal::Request, 11, &c); // resets the streak
         assert!(!h.on_failure(Signal::Request, 12, &c));
         assert!(!h.on_failure(Signal::Request, 13, &c));
         assert!(h.on_failure(Signal::Request, 14, &c));
         assert_eq!(h.state(), HealthState::Ejected);
+        assert_eq!(h.last_ejection_age_s(1_014), Some(1.0));
         assert!(!h.on_success(Signal::Probe, 50, &c), "too early");
         assert!(!h.routable());
         assert!(h.on_success(Signal::Probe, 120, &c));
@@ -158,6 +173,11 @@ mod tests {
         }
         assert_eq!(h.ejected_until_ms(), 132 + 200);
         assert_eq!(h.total_ejections(), 2);
+        assert_eq!(
+            h.last_ejection_age_s(132),
+            Some(0.0),
+            "dated by the latest one"
+        );
     }
 
     #[test]
