@@ -40,7 +40,15 @@ pub struct Node {
     /// Per model: prompt bytes per token, learned from replicas' usage reports (the
     /// estimator's ratio for models without a configured tokenizer).
     text_ratio: Mutex<HashMap<String, f64>>,
+    /// Long prompts are tokenized on the blocking pool, at most this many at once, so a
+    /// burst of them neither stalls the async workers nor grows an unbounded queue.
+    tokenize_slots: tokio::sync::Semaphore,
 }
+
+/// Text prompts at least this long (bytes) are tokenized off the async workers: BPE
+/// costs ≈ 0.04 ms per KB, so 16 KB holds a worker ≈ 0.6 ms, long enough to delay
+/// every stream it carries.
+pub const OFFLOAD_TOKENIZE_BYTES: usize = 16 * 1024;
 
 impl Node {
     /// Builds the node and starts its fleet tasks (must run inside a tokio runtime).
@@ -81,6 +89,9 @@ impl Node {
             tokenizers,
             outputs: OutputEstimator::default(),
             text_ratio: Mutex::new(HashMap::new()),
+            tokenize_slots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            ),
         }))
     }
 
@@ -107,6 +118,40 @@ impl Node {
                 s
             }
         }
+    }
+
+    /// [`Node::shape`], run on the blocking pool when the prompt is long text for a real
+    /// tokenizer (see [`OFFLOAD_TOKENIZE_BYTES`]); inline otherwise.
+    pub async fn shape_off_worker(
+        self: &Arc<Self>,
+        req: ParsedRequest,
+    ) -> (ParsedRequest, PromptShape) {
+        let long_bpe = match &req.prompt {
+            PromptInput::Text(t) => {
+                t.len() >= OFFLOAD_TOKENIZE_BYTES
+                    && matches!(self.tokenizers.get(&req.model), Some(Tokenizer::Bpe(_)))
+            }
+            PromptInput::Ids(_) => false,
+        };
+        if !long_bpe {
+            let shape = self.shape(&req);
+            return (req, shape);
+        }
+        // The semaphore is never closed; if it were, tokenizing inline is still right.
+        let _slot = self.tokenize_slots.acquire().await.ok();
+        let node = self.clone();
+        let req = Arc::new(req);
+        let job = {
+            let req = req.clone();
+            tokio::task::spawn_blocking(move || node.shape(&req))
+        };
+        let shape = match job.await {
+            Ok(shape) => shape,
+            // The blocking pool is shutting down (or the job panicked): do it here.
+            Err(_) => self.shape(&req),
+        };
+        let req = Arc::try_unwrap(req).unwrap_or_else(|shared| (*shared).clone());
+        (req, shape)
     }
 
     /// Expected output tokens (see [`OutputEstimator`]).

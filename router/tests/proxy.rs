@@ -338,3 +338,48 @@ async fn silent_replica_costs_one_first_byte_timeout_then_retries() {
         "round robin tried the silent one"
     );
 }
+
+#[tokio::test]
+async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
+    use headroom::{
+        config::ModelConfig,
+        node::OFFLOAD_TOKENIZE_BYTES,
+        request::{Endpoint, parse},
+    };
+    let m = mock("m").await;
+    let r = router(&[m.url()], PolicyName::RoundRobin, |c| {
+        c.models.push(ModelConfig {
+            name: "m".into(),
+            tokenizer: Some("cl100k".into()),
+        })
+    })
+    .await;
+    // 16.6 KB of text, over the offload threshold and within the mock's 4,096-token
+    // context: cl100k reads each sentence as 10 tokens (the estimator would say 4,163).
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(370);
+    assert!(text.len() >= OFFLOAD_TOKENIZE_BYTES);
+    let body = json!({"model":"m","prompt":text,"max_tokens":5});
+    let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+    let parsed = parse(Endpoint::Completions, &bytes).unwrap();
+    let inline = r.node.shape(&parsed);
+    assert!(
+        (3_695..=3_705).contains(&inline.tokens),
+        "{}",
+        inline.tokens
+    );
+    assert_eq!(inline.blocks.len(), inline.tokens as usize / 16);
+    let (back, off) = r.node.shape_off_worker(parsed.clone()).await;
+    assert_eq!(off, inline, "the blocking pool measures the same prompt");
+    assert_eq!(
+        back.upstream_body, parsed.upstream_body,
+        "the request is intact"
+    );
+    // End to end: concurrent long prompts all come back whole.
+    let url = r.url("/v1/completions");
+    let sends = (0..8).map(|_| post(&url, body.clone()));
+    for resp in futures_util::future::join_all(sends).await {
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["object"], "text_completion", "{v}");
+    }
+}
