@@ -126,7 +126,9 @@ pub(crate) fn render(report: &Report, plots: &[String]) -> String {
     let _ = writeln!(md, "\n## Decision cost and load balance\n");
     let _ = writeln!(
         md,
-        "Decision time in µs (real CPU time per routing decision). Load CV: coefficient of \
+        "Decision time in µs: wall clock around the real decision code (candidates, prefix \
+         match, policy) per routing decision, so a busy machine's preemptions show in the \
+         tail. Load CV: coefficient of \
          variation of in-flight requests across replicas, over load samples with any load. \
          Replica share: placed requests per replica, min – max.\n"
     );

@@ -76,7 +76,7 @@ pub struct RunResult {
     pub replicas: Vec<ReplicaInfo>,
     pub records: Vec<RequestRecord>,
     pub load: Vec<LoadSample>,
-    /// Decision cost samples (nanoseconds of real CPU time per decision).
+    /// Decision cost samples (wall-clock nanoseconds of the real decision code, per decision).
     pub decision_ns: Vec<u32>,
     /// Simulated seconds covered.
     pub sim_duration_s: f64,
