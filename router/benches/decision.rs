@@ -6,6 +6,8 @@
 //! token-load rows are the cheapest baseline for comparison.
 //! Criterion reports means; after it, `tail` times 20,000 single `route/slo` decisions
 //! per fleet size one by one and prints p50/p99/p99.9 (the bound is on the p99).
+//! `prefix/*` times matching a 131k-token conversation turn (bisection past the exact
+//! head against the block-by-block walk).
 //! Run: `cargo bench -p headroom --bench decision`.
 
 use std::sync::Arc;
@@ -255,5 +257,44 @@ fn tail(_c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench, tail);
+/// Prefix matching of a long conversation turn (8,192 blocks = 131k tokens) on 16
+/// replicas, 8 holding all of it and 8 the first half: bisection past the exact head
+/// against the block-by-block walk.
+fn prefix_walk(c: &mut Criterion) {
+    use headroom::prefix::Cursor;
+    use std::sync::atomic::AtomicU64;
+    let chain: Vec<u64> = (0..8_192u64)
+        .map(|j| (j + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let idx = PrefixIndex::new(1 << 20);
+    let cursors: Vec<AtomicU64> = (0..16).map(|_| AtomicU64::new(0)).collect();
+    for (r, cur) in cursors.iter().enumerate() {
+        let n = if r % 2 == 0 {
+            chain.len()
+        } else {
+            chain.len() / 2
+        };
+        idx.record(cur, r as u32, &chain[..n], 0);
+    }
+    let view: Vec<Cursor> = cursors
+        .iter()
+        .enumerate()
+        .map(|(r, c)| Cursor {
+            replica: r as u32,
+            seq: c.load(std::sync::atomic::Ordering::Relaxed),
+            capacity: u64::MAX,
+        })
+        .collect();
+    let mut out = vec![0u32; view.len()];
+    let mut g = c.benchmark_group("prefix");
+    g.bench_function("bisect/8192", |b| {
+        b.iter(|| idx.match_lengths(&chain, &view, &mut out))
+    });
+    g.bench_function("exact/8192", |b| {
+        b.iter(|| idx.match_lengths_exact(&chain, &view, &mut out))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, tail, prefix_walk);
 criterion_main!(benches);

@@ -3,7 +3,10 @@
 //! Each replica has an insertion cursor counting blocks this node has sent it that the
 //! replica had to compute (misses). An entry `(replica, seq)` for a block is presumed
 //! still cached while `cursor − seq < capacity` (the replica's KV capacity in router
-//! blocks): an LRU approximation that needs no eviction lists. Memory is bounded by
+//! blocks): an LRU approximation that needs no eviction lists. Within one send the
+//! later blocks take the older positions, as vLLM frees a finished request's blocks
+//! tail first, so along any chain the blocks presumed held form a prefix; matching
+//! relies on that past its exact head (see `match_lengths`). Memory is bounded by
 //! `max_entries`: when a shard overflows, its least recently touched quarter goes.
 //! Because block hashes are chained, a match on block `i` implies blocks `0..i`.
 
@@ -15,6 +18,10 @@ use std::{
 use parking_lot::Mutex;
 
 const SHARDS: usize = 32;
+
+/// Leading blocks matched block by block (2k tokens at 16 per block); past them the
+/// match is found by bisection (see [`PrefixIndex::match_lengths`]).
+pub const EXACT_HEAD_BLOCKS: usize = 128;
 
 /// Keys are xxh3 block hashes that clients can steer, so the map keeps a per-process
 /// random seed (foldhash), at a fraction of SipHash's cost on the per-block lookups.
@@ -82,12 +89,49 @@ impl PrefixIndex {
     }
 
     /// For each cursor, how many leading blocks of `blocks` that replica likely holds.
-    /// `out[i]` is written for `cursors[i]`. Cost: O(matched blocks × holders per
-    /// block), independent of how many candidates there are beyond that.
+    /// `out[i]` is written for `cursors[i]`.
+    ///
+    /// The first [`EXACT_HEAD_BLOCKS`] are walked block by block (exact). Past them
+    /// the match is found by bisection on the chain invariant (holding block `i` implies
+    /// holding `0..i`): the last block first, then halving each group of candidates
+    /// that stopped in between. Cost: O(head × holders) plus O(groups × log blocks)
+    /// lookups, so a 100k-token conversation turn costs a few dozen lookups past its
+    /// head instead of thousands.
     pub fn match_lengths(&self, blocks: &[u64], cursors: &[Cursor], out: &mut [u32]) {
+        let head = blocks.len().min(EXACT_HEAD_BLOCKS);
+        let Some(tab) = self.walk(&blocks[..head], cursors, out) else {
+            return;
+        };
+        if head == blocks.len() {
+            return;
+        }
+        let alive: Vec<u32> = (0..cursors.len() as u32)
+            .filter(|&s| out[s as usize] as usize == head)
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        // Most often every survivor holds the whole chain: one lookup settles it.
+        let last = blocks.len() - 1;
+        let (whole, rest) = self.split(blocks[last], &tab, &alive);
+        for s in whole {
+            out[s as usize] = blocks.len() as u32;
+        }
+        self.bisect(blocks, &tab, rest, head - 1, last, out);
+    }
+
+    /// As [`PrefixIndex::match_lengths`], block by block over the whole prompt: exact
+    /// even where the chain invariant does not hold, at O(blocks × holders).
+    pub fn match_lengths_exact(&self, blocks: &[u64], cursors: &[Cursor], out: &mut [u32]) {
+        self.walk(blocks, cursors, out);
+    }
+
+    /// The block-by-block walk. Returns the replica-indexed table of the cursors, or
+    /// None when there are none.
+    fn walk(&self, blocks: &[u64], cursors: &[Cursor], out: &mut [u32]) -> Option<Vec<Slot>> {
         out.iter_mut().for_each(|o| *o = 0);
         if cursors.is_empty() {
-            return;
+            return None;
         }
         // Replica id → (candidate slot, cursor, capacity): one lookup per holder walked,
         // which is the inner loop (blocks × holders).
@@ -122,6 +166,47 @@ impl PrefixIndex {
                 break;
             }
         }
+        Some(tab)
+    }
+
+    /// Splits candidate `slots` into those presumed to hold block `hash` and the rest.
+    fn split(&self, hash: u64, tab: &[Slot], slots: &[u32]) -> (Vec<u32>, Vec<u32>) {
+        let shard = self.shards[shard_of(hash)].lock();
+        let Some(entry) = shard.get(&hash) else {
+            return (Vec::new(), slots.to_vec());
+        };
+        slots.iter().partition(|&&s| {
+            entry.holders.iter().any(|hd| {
+                tab.get(hd.replica as usize)
+                    .is_some_and(|t| t.slot == s && t.seq.saturating_sub(hd.seq) < t.capacity)
+            })
+        })
+    }
+
+    /// `slots` hold block `lo` and not block `hi` (`lo < hi`): sets each one's match to
+    /// one past the last block it holds, halving the interval per lookup.
+    fn bisect(
+        &self,
+        blocks: &[u64],
+        tab: &[Slot],
+        slots: Vec<u32>,
+        lo: usize,
+        hi: usize,
+        out: &mut [u32],
+    ) {
+        if slots.is_empty() {
+            return;
+        }
+        if hi - lo <= 1 {
+            for s in slots {
+                out[s as usize] = lo as u32 + 1;
+            }
+            return;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let (held, not) = self.split(blocks[mid], tab, &slots);
+        self.bisect(blocks, tab, held, mid, hi, out);
+        self.bisect(blocks, tab, not, lo, mid, out);
     }
 
     /// Records that `blocks` were sent to the replica of `cursor`, of which the first
@@ -131,11 +216,13 @@ impl PrefixIndex {
         let base = cursor.fetch_add(misses, Relaxed);
         let tick = self.clock.fetch_add(1, Relaxed);
         for (i, h) in blocks.iter().enumerate() {
-            // Hits are touched at the current cursor; misses take fresh positions.
+            // Hits are touched at the new cursor (just used). Misses take fresh positions,
+            // the first miss the newest: vLLM frees a request's blocks tail first, so a
+            // chain's tail is evicted before its head and what is held is a prefix.
             let seq = if i < matched {
-                base
+                base + misses
             } else {
-                base + (i - matched) as u64
+                base + misses - 1 - (i - matched) as u64
             };
             let mut shard = self.shards[shard_of(*h)].lock();
             let entry = shard.entry(*h).or_default();
@@ -251,6 +338,66 @@ mod tests {
         let mut out = [0u32; 1];
         idx.match_lengths(&newest, &[cur(0, &c, u64::MAX)], &mut out);
         assert!(out[0] > 0);
+    }
+
+    /// A conversation-like chain far past the exact head: bisection finds every
+    /// replica's depth, as the block-by-block walk does.
+    #[test]
+    fn long_chains_match_by_bisection_like_the_exact_walk() {
+        let idx = PrefixIndex::new(1 << 16);
+        let chain: Vec<u64> = (0..3_000u64)
+            .map(|j| (j + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let cs: Vec<AtomicU64> = (0..5).map(|_| AtomicU64::new(0)).collect();
+        let held = [3_000usize, 2_000, 100, EXACT_HEAD_BLOCKS + 1, 0];
+        for (r, &n) in held.iter().enumerate() {
+            idx.record(&cs[r], r as u32, &chain[..n], 0);
+        }
+        let cursors: Vec<Cursor> = (0..5).map(|r| cur(r as u32, &cs[r], u64::MAX)).collect();
+        let (mut fast, mut exact) = ([0u32; 5], [0u32; 5]);
+        idx.match_lengths(&chain, &cursors, &mut fast);
+        idx.match_lengths_exact(&chain, &cursors, &mut exact);
+        assert_eq!(fast, [3_000, 2_000, 100, EXACT_HEAD_BLOCKS as u32 + 1, 0]);
+        assert_eq!(fast, exact);
+        // A longer prompt than anyone holds: nobody matches past what they were sent.
+        let mut longer = chain.clone();
+        longer.push(7);
+        idx.match_lengths(&longer, &cursors, &mut fast);
+        assert_eq!(fast, [3_000, 2_000, 100, EXACT_HEAD_BLOCKS as u32 + 1, 0]);
+    }
+
+    proptest::proptest! {
+        /// Replicas sent prefixes of one chain (matched as the router matches them, so
+        /// later sends refresh earlier heads) between unrelated content that ages
+        /// them out: however much each can hold, bisection agrees with the exact walk.
+        #[test]
+        fn bisection_agrees_with_the_exact_walk(
+            sends in proptest::collection::vec((0usize..4, 0usize..1_200, 0usize..900), 1..10),
+            caps in proptest::collection::vec(1u64..2_500, 4),
+            len in 1usize..1_300,
+        ) {
+            let idx = PrefixIndex::new(1 << 18);
+            let chain: Vec<u64> = (0..1_300u64)
+                .map(|j| (j + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .collect();
+            let cs: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+            let cursors = |cs: &[AtomicU64]| -> Vec<Cursor> {
+                (0..4).map(|r| cur(r as u32, &cs[r], caps[r])).collect()
+            };
+            for (k, &(r, n, other)) in sends.iter().enumerate() {
+                let mut m = [0u32; 4];
+                idx.match_lengths_exact(&chain[..n], &cursors(&cs), &mut m);
+                idx.record(&cs[r], r as u32, &chain[..n], m[r] as usize);
+                let filler: Vec<u64> = (0..other as u64)
+                    .map(|j| ((k as u64 + 1) << 40 | j).wrapping_mul(0xD6E8_FEB8_6659_FD93))
+                    .collect();
+                idx.record(&cs[r], r as u32, &filler, 0);
+            }
+            let (mut fast, mut exact) = ([0u32; 4], [0u32; 4]);
+            idx.match_lengths(&chain[..len], &cursors(&cs), &mut fast);
+            idx.match_lengths_exact(&chain[..len], &cursors(&cs), &mut exact);
+            proptest::prop_assert_eq!(fast, exact);
+        }
     }
 
     #[test]
