@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::RouterConfig,
+    error::ApiError,
     fleet::{Fleet, Signal, view::Origin},
     metrics::Metrics,
     policy::{self, Policy, PolicyName},
@@ -121,11 +122,12 @@ impl Node {
     }
 
     /// [`Node::shape`], run on the blocking pool when the prompt is long text for a real
-    /// tokenizer (see [`OFFLOAD_TOKENIZE_BYTES`]); inline otherwise.
+    /// tokenizer (see [`OFFLOAD_TOKENIZE_BYTES`]); inline otherwise. Fails only when the
+    /// blocking pool is gone (the node is shutting down) or the tokenizer panicked.
     pub async fn shape_off_worker(
         self: &Arc<Self>,
         req: ParsedRequest,
-    ) -> (ParsedRequest, PromptShape) {
+    ) -> Result<(ParsedRequest, PromptShape), ApiError> {
         let long_bpe = match &req.prompt {
             PromptInput::Text(t) => {
                 t.len() >= OFFLOAD_TOKENIZE_BYTES
@@ -135,23 +137,23 @@ impl Node {
         };
         if !long_bpe {
             let shape = self.shape(&req);
-            return (req, shape);
+            return Ok((req, shape));
         }
-        // The semaphore is never closed; if it were, tokenizing inline is still right.
+        // The semaphore is never closed; if it were, going ahead without a slot is fine.
         let _slot = self.tokenize_slots.acquire().await.ok();
         let node = self.clone();
-        let req = Arc::new(req);
-        let job = {
-            let req = req.clone();
-            tokio::task::spawn_blocking(move || node.shape(&req))
-        };
-        let shape = match job.await {
-            Ok(shape) => shape,
-            // The blocking pool is shutting down (or the job panicked): do it here.
-            Err(_) => self.shape(&req),
-        };
-        let req = Arc::try_unwrap(req).unwrap_or_else(|shared| (*shared).clone());
-        (req, shape)
+        tokio::task::spawn_blocking(move || {
+            let shape = node.shape(&req);
+            (req, shape)
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("could not measure the prompt: {e}"),
+            )
+        })
     }
 
     /// Expected output tokens (see [`OutputEstimator`]).

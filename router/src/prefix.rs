@@ -64,6 +64,11 @@ impl Slot {
         seq: 0,
         capacity: 0,
     };
+
+    /// This candidate's replica was sent the block within its last `capacity` misses.
+    fn holds(&self, hd: &Holder) -> bool {
+        self.slot != u32::MAX && self.seq.saturating_sub(hd.seq) < self.capacity
+    }
 }
 
 /// Approximate, bounded, concurrent prefix index.
@@ -154,10 +159,7 @@ impl PrefixIndex {
                     continue;
                 };
                 // Alive candidates are exactly those that matched every earlier block.
-                if t.slot != u32::MAX
-                    && out[t.slot as usize] == i
-                    && t.seq.saturating_sub(hd.seq) < t.capacity
-                {
+                if t.holds(hd) && out[t.slot as usize] == i {
                     out[t.slot as usize] = i + 1;
                     hits += 1;
                 }
@@ -178,7 +180,7 @@ impl PrefixIndex {
         slots.iter().partition(|&&s| {
             entry.holders.iter().any(|hd| {
                 tab.get(hd.replica as usize)
-                    .is_some_and(|t| t.slot == s && t.seq.saturating_sub(hd.seq) < t.capacity)
+                    .is_some_and(|t| t.slot == s && t.holds(hd))
             })
         })
     }

@@ -80,7 +80,7 @@ async fn handle(node: Arc<Node>, endpoint: Endpoint, headers: HeaderMap, body: B
         let bytes = read_body(&node, &headers, body).await?;
         let parsed = request::parse(endpoint, &bytes)?;
         let tenant = node.tenants.resolve(&headers)?;
-        let (parsed, shape) = node.shape_off_worker(parsed).await;
+        let (parsed, shape) = node.shape_off_worker(parsed).await?;
         let profile = RequestProfile {
             model: parsed.model.clone(),
             prompt_tokens: shape.tokens,

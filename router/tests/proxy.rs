@@ -368,7 +368,7 @@ async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
         inline.tokens
     );
     assert_eq!(inline.blocks.len(), inline.tokens as usize / 16);
-    let (back, off) = r.node.shape_off_worker(parsed.clone()).await;
+    let (back, off) = r.node.shape_off_worker(parsed.clone()).await.unwrap();
     assert_eq!(off, inline, "the blocking pool measures the same prompt");
     assert_eq!(
         back.upstream_body, parsed.upstream_body,
