@@ -221,6 +221,10 @@ pub struct ProxyConfig {
     pub idle_timeout_ms: u64,
     /// Base of the jittered pause between retries.
     pub retry_backoff_ms: u64,
+    /// Ask engines for per-chunk usage on streams (`continuous_usage_stats`, stripped
+    /// again unless the client asked): the token count of each chunk, without which
+    /// TPOT can only be measured when every chunk holds one token.
+    pub chunk_usage: bool,
 }
 
 impl Default for ProxyConfig {
@@ -232,6 +236,7 @@ impl Default for ProxyConfig {
             first_byte_timeout_ms: 60_000,
             idle_timeout_ms: 60_000,
             retry_backoff_ms: 10,
+            chunk_usage: true,
         }
     }
 }

@@ -8,12 +8,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::RouterConfig,
+    decide::Learn,
     error::ApiError,
     fleet::{Fleet, Signal, view::Origin},
     metrics::Metrics,
     policy::{self, Policy, PolicyName},
     prefix::PrefixIndex,
-    proxy::outcome::{Outcome, OutcomeStatus},
+    proxy::outcome::{Outcome, OutcomeStatus, Reported},
     request::{ParsedRequest, PromptInput},
     tenant::Tenants,
     tokens::{self, PromptShape, Tokenizer},
@@ -162,50 +163,84 @@ impl Node {
             .estimate(&req.model, req.max_tokens, req.ignore_eos)
     }
 
-    /// Predicted against actual, and the sample for the trainer.
+    /// Forecast error and bound coverage of one target against its label.
+    fn score(&self, target: &str, actual_ms: f64, pred_ms: f64, upper_ms: f64) {
+        if !(actual_ms.is_finite() && actual_ms > 0.0) {
+            return;
+        }
+        let m = &self.metrics;
+        m.forecast_rel_error
+            .with_label_values(&[target])
+            .observe((pred_ms - actual_ms).abs() / actual_ms);
+        m.forecast_abs_error
+            .with_label_values(&[target])
+            .observe((pred_ms - actual_ms).abs() / 1e3);
+        let covered = if actual_ms <= upper_ms {
+            "true"
+        } else {
+            "false"
+        };
+        m.bound_covered.with_label_values(&[target, covered]).inc();
+    }
+
+    /// The TTFT label, at the first token: scored and handed to the trainer at once.
+    pub fn learn_first_token(&self, l: &Learn, ttft_s: f64, reported: Reported) {
+        let ttft_ms = ttft_s * 1e3;
+        self.score(
+            "ttft",
+            ttft_ms,
+            l.prediction.ttft_ms,
+            l.prediction.ttft_upper_ms,
+        );
+        let l = as_reported(l, reported);
+        let at = crate::trainer::wall_s();
+        if let Some(s) = crate::decide::sample(&l, at, Some(ttft_ms), None, 0, false) {
+            self.trainer.submit(s);
+        }
+    }
+
+    /// The labels known at the end: TPOT (from the engine's token counts), and TTFT if
+    /// no token came (then only a lower bound: censored).
     fn learn(&self, o: &Outcome) {
         let Some(l) = o.learn else { return };
-        let m = &self.metrics;
-        let ttft_ms = o.ttft_s.map(|s| s * 1e3);
-        let tpot_ms = o.tpot_s.map(|s| s * 1e3);
-        let censored = o.status != OutcomeStatus::Ok;
-        if !censored {
-            for (target, actual, pred, upper) in [
-                (
-                    "ttft",
-                    ttft_ms,
-                    l.prediction.ttft_ms,
-                    l.prediction.ttft_upper_ms,
-                ),
-                (
-                    "tpot",
-                    tpot_ms,
-                    l.prediction.tpot_ms,
-                    l.prediction.tpot_upper_ms,
-                ),
-            ] {
-                let Some(y) = actual.filter(|y| *y > 0.0) else {
-                    continue;
-                };
-                m.forecast_rel_error
-                    .with_label_values(&[target])
-                    .observe((pred - y).abs() / y);
-                m.forecast_abs_error
-                    .with_label_values(&[target])
-                    .observe((pred - y).abs() / 1e3);
-                let covered = if y <= upper { "true" } else { "false" };
-                m.bound_covered.with_label_values(&[target, covered]).inc();
-            }
+        let ok = o.status == OutcomeStatus::Ok;
+        let tpot_ms = o.tpot_label_s.map(|s| s * 1e3).filter(|_| ok);
+        if let Some(y) = tpot_ms {
+            self.score("tpot", y, l.prediction.tpot_ms, l.prediction.tpot_upper_ms);
         }
-        let at = crate::trainer::wall_s();
-        if let Some(s) = crate::decide::sample(
+        let ttft_ms = if o.ttft_learned {
+            None
+        } else {
+            match o.ttft_s {
+                Some(t) => {
+                    self.score(
+                        "ttft",
+                        t * 1e3,
+                        l.prediction.ttft_ms,
+                        l.prediction.ttft_upper_ms,
+                    );
+                    Some(t * 1e3)
+                }
+                // No token ever came: the request waited at least this long.
+                None if !ok => Some(o.upstream_s * 1e3),
+                None => None,
+            }
+        };
+        let censored = ttft_ms.is_some() && o.ttft_s.is_none();
+        let l = as_reported(
             &l,
-            at,
-            ttft_ms,
-            tpot_ms,
-            o.output_tokens.unwrap_or(0),
-            censored,
-        ) {
+            Reported {
+                prompt_tokens: o.prompt_tokens,
+                cached_tokens: o.cached_tokens,
+            },
+        );
+        let at = crate::trainer::wall_s();
+        let out = o.output_tokens.unwrap_or(0);
+        // TTFT and TPOT travel separately: one may be censored while the other is not.
+        if let Some(s) = crate::decide::sample(&l, at, ttft_ms, None, out, censored) {
+            self.trainer.submit(s);
+        }
+        if let Some(s) = crate::decide::sample(&l, at, None, tpot_ms, out, false) {
             self.trainer.submit(s);
         }
     }
@@ -265,6 +300,21 @@ impl Node {
             OutcomeStatus::Cancelled => {}
         }
     }
+}
+
+/// `l` with the request's own inputs as the engine reported them: its prompt tokens,
+/// and cached tokens where given (else the router's estimate, within the prompt). The
+/// model then learns what the engine did, not what the router guessed at dispatch.
+fn as_reported(l: &Learn, r: Reported) -> Learn {
+    let mut l = *l;
+    if let Some(p) = r.prompt_tokens.filter(|p| *p > 0) {
+        l.obs.prompt_tokens = f64::from(p);
+    }
+    if let Some(c) = r.cached_tokens {
+        l.obs.cached_tokens = f64::from(c);
+    }
+    l.obs.cached_tokens = l.obs.cached_tokens.min(l.obs.prompt_tokens);
+    l
 }
 
 /// The next bytes-per-token estimate after a usage report: an EWMA of bytes over the

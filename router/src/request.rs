@@ -1,11 +1,16 @@
 //! Reading just what routing needs from an OpenAI request body.
 //!
-//! The body is forwarded byte for byte unless the router must ask upstream for the
-//! usage chunk (`stream_options.include_usage`), in which case it is re-serialised
-//! once with that one field added; the response side strips the chunk again.
+//! The body is forwarded byte for byte unless the router must ask upstream for usage
+//! the client did not ask for: the final usage chunk (`stream_options.include_usage`)
+//! and per-chunk counts (`stream_options.continuous_usage_stats`, which tell the
+//! router how many tokens each chunk carried). Then those members are spliced into
+//! the client's bytes — nothing else is re-encoded, so key order, number spelling and
+//! whitespace reach the engine as sent — and the response side strips them again.
 
-use bytes::Bytes;
-use serde_json::{Map, Value};
+use std::{borrow::Cow, collections::BTreeMap};
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{Map, Value, value::RawValue};
 
 use crate::error::ApiError;
 
@@ -53,8 +58,24 @@ pub struct ParsedRequest {
     pub client_wants_usage: bool,
     /// Body to send upstream.
     pub upstream_body: Bytes,
-    /// True when `upstream_body` differs from the client's (usage injected).
-    pub injected_usage: bool,
+    /// What the router added to `upstream_body` (nothing: it is the client's body).
+    pub injected: InjectedUsage,
+}
+
+/// Usage the router asked the engine for on the client's behalf, so the response must
+/// lose it again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InjectedUsage {
+    /// `include_usage`: the final usage chunk (and `"usage":null` in content chunks).
+    pub final_chunk: bool,
+    /// `continuous_usage_stats`: a usage object in every content chunk.
+    pub per_chunk: bool,
+}
+
+impl InjectedUsage {
+    pub fn any(self) -> bool {
+        self.final_chunk || self.per_chunk
+    }
 }
 
 fn field_u32(map: &Map<String, Value>, key: &'static str) -> Result<Option<u32>, ApiError> {
@@ -154,11 +175,16 @@ fn messages_of(map: &Map<String, Value>) -> Result<(String, usize), ApiError> {
     Ok((text, msgs.len()))
 }
 
-/// Parses and validates a request body.
-pub fn parse(endpoint: Endpoint, body: &Bytes) -> Result<ParsedRequest, ApiError> {
+/// Parses and validates a request body. With `chunk_usage`, a streaming request asks
+/// the engine for per-chunk usage (see the module docs).
+pub fn parse(
+    endpoint: Endpoint,
+    body: &Bytes,
+    chunk_usage: bool,
+) -> Result<ParsedRequest, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
-    let Value::Object(mut map) = value else {
+    let Value::Object(map) = value else {
         return Err(ApiError::bad_request("request body must be a JSON object"));
     };
     let model = match map.get("model") {
@@ -182,26 +208,25 @@ pub fn parse(endpoint: Endpoint, body: &Bytes) -> Result<ParsedRequest, ApiError
     };
     let stream = field_bool(&map, "stream")?;
     let ignore_eos = field_bool(&map, "ignore_eos")?;
-    let client_wants_usage = match map.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => field_bool(o, "include_usage")?,
+    let (client_wants_usage, client_wants_chunk_usage) = match map.get("stream_options") {
+        None | Some(Value::Null) => (false, false),
+        Some(Value::Object(o)) => (
+            field_bool(o, "include_usage")?,
+            field_bool(o, "continuous_usage_stats")?,
+        ),
         Some(_) => {
             return Err(ApiError::bad_request("`stream_options` must be an object")
                 .with_param("stream_options"));
         }
     };
-    let (upstream_body, injected_usage) = if stream && !client_wants_usage {
-        let opts = map
-            .entry("stream_options")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(o) = opts {
-            o.insert("include_usage".into(), Value::Bool(true));
-        }
-        let bytes = serde_json::to_vec(&Value::Object(map))
-            .map_err(|e| ApiError::bad_request(format!("cannot re-encode body: {e}")))?;
-        (Bytes::from(bytes), true)
+    let injected = InjectedUsage {
+        final_chunk: stream && !client_wants_usage,
+        per_chunk: stream && chunk_usage && !client_wants_chunk_usage,
+    };
+    let upstream_body = if injected.any() {
+        splice_stream_options(body, injected)?
     } else {
-        (body.clone(), false)
+        body.clone()
     };
     Ok(ParsedRequest {
         endpoint,
@@ -213,8 +238,68 @@ pub fn parse(endpoint: Endpoint, body: &Bytes) -> Result<ParsedRequest, ApiError
         stream,
         client_wants_usage,
         upstream_body,
-        injected_usage,
+        injected,
     })
+}
+
+/// The client's body with `want`'s members added to its `stream_options` (created if
+/// absent or null). A member the client set to `false` is repeated after its own
+/// (JSON parsers keep the last of duplicate keys, as vLLM's and SGLang's do).
+fn splice_stream_options(body: &Bytes, want: InjectedUsage) -> Result<Bytes, ApiError> {
+    let bad = |why: String| ApiError::bad_request(format!("cannot add stream options: {why}"));
+    let mut members = Vec::new();
+    if want.final_chunk {
+        members.push("\"include_usage\":true");
+    }
+    if want.per_chunk {
+        members.push("\"continuous_usage_stats\":true");
+    }
+    let members = members.join(",");
+    // The top-level members as raw slices of `body`; the last of duplicate keys wins,
+    // as it does upstream.
+    let top: BTreeMap<Cow<'_, str>, &RawValue> =
+        serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+    let offset_of = |raw: &RawValue| -> Result<usize, ApiError> {
+        let at = (raw.get().as_ptr() as usize)
+            .checked_sub(body.as_ptr() as usize)
+            .filter(|at| at + raw.get().len() <= body.len());
+        at.ok_or_else(|| bad("value outside the body".into()))
+    };
+    let mut out = BytesMut::with_capacity(body.len() + members.len() + 24);
+    match top.get("stream_options") {
+        Some(raw) if raw.get().starts_with('{') => {
+            let (at, text) = (offset_of(raw)?, raw.get());
+            let close = at + text.len() - 1;
+            let empty = text[1..text.len() - 1].trim().is_empty();
+            out.extend_from_slice(&body[..close]);
+            if !empty {
+                out.extend_from_slice(b",");
+            }
+            out.extend_from_slice(members.as_bytes());
+            out.extend_from_slice(&body[close..]);
+        }
+        Some(raw) => {
+            // `null` (anything else was refused above): replaced by the object.
+            let at = offset_of(raw)?;
+            out.extend_from_slice(&body[..at]);
+            out.extend_from_slice(format!("{{{members}}}").as_bytes());
+            out.extend_from_slice(&body[at + raw.get().len()..]);
+        }
+        None => {
+            let open = body
+                .iter()
+                .position(|&b| b == b'{')
+                .ok_or_else(|| bad("not an object".into()))?;
+            let empty = top.is_empty();
+            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(format!("\"stream_options\":{{{members}}}").as_bytes());
+            if !empty {
+                out.extend_from_slice(b",");
+            }
+            out.extend_from_slice(&body[open + 1..]);
+        }
+    }
+    Ok(out.freeze())
 }
 
 #[cfg(test)]
@@ -222,7 +307,7 @@ mod tests {
     use super::*;
 
     fn p(e: Endpoint, s: &str) -> Result<ParsedRequest, ApiError> {
-        parse(e, &Bytes::from(s.to_string()))
+        parse(e, &Bytes::from(s.to_string()), true)
     }
 
     #[test]
@@ -234,7 +319,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.prompt, PromptInput::Text("hi".into()));
         assert_eq!(r.max_tokens, Some(5));
-        assert!(!r.injected_usage);
+        assert!(!r.injected.any());
         let r = p(Endpoint::Completions, r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
         assert_eq!(r.prompt, PromptInput::Ids(vec![1, 2, 3]));
         let r = p(
@@ -252,16 +337,64 @@ mod tests {
             r#"{"model":"m","stream":true,"temperature":0.5,"messages":[{"role":"user","content":"x"}]}"#,
         )
         .unwrap();
-        assert!(r.injected_usage && !r.client_wants_usage);
+        assert!(r.injected.final_chunk && r.injected.per_chunk && !r.client_wants_usage);
         let v: Value = serde_json::from_slice(&r.upstream_body).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], true);
         assert_eq!(v["temperature"], 0.5);
         let r = p(
             Endpoint::ChatCompletions,
             r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}"#,
         )
         .unwrap();
-        assert!(!r.injected_usage && r.client_wants_usage);
+        assert!(!r.injected.final_chunk && r.injected.per_chunk && r.client_wants_usage);
+        let r = p(
+            Endpoint::ChatCompletions,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap();
+        assert!(!r.injected.any());
+        assert_eq!(
+            r.upstream_body,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[{"role":"user","content":"x"}]}"#
+        );
+        // Per-chunk usage off: only the final chunk is asked for.
+        let body = r#"{"model":"m","stream":true,"prompt":"x"}"#;
+        let r = parse(Endpoint::Completions, &Bytes::from(body), false).unwrap();
+        assert!(r.injected.final_chunk && !r.injected.per_chunk);
+        let v: Value = serde_json::from_slice(&r.upstream_body).unwrap();
+        assert!(v["stream_options"].get("continuous_usage_stats").is_none());
+    }
+
+    #[test]
+    fn injection_splices_without_re_encoding_anything_else() {
+        // Key order, integers beyond f64, spacing and duplicate keys all survive.
+        let cases = [
+            (
+                r#"{"model":"m", "stream":true, "seed":18446744073709551615, "prompt":"x", "response_format":{"schema":{"z":1,"a":2}}}"#,
+                r#"{"stream_options":{"include_usage":true,"continuous_usage_stats":true},"model":"m", "stream":true, "seed":18446744073709551615, "prompt":"x", "response_format":{"schema":{"z":1,"a":2}}}"#,
+            ),
+            (
+                r#"{"model":"m","stream":true,"prompt":"x","stream_options":null}"#,
+                r#"{"model":"m","stream":true,"prompt":"x","stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+            ),
+            (
+                r#"{"model":"m","stream":true,"prompt":"x","stream_options":{ }}"#,
+                r#"{"model":"m","stream":true,"prompt":"x","stream_options":{ "include_usage":true,"continuous_usage_stats":true}}"#,
+            ),
+            (
+                r#"{"model":"m","stream":true,"prompt":"x","stream_options":{"include_usage":false}}"#,
+                r#"{"model":"m","stream":true,"prompt":"x","stream_options":{"include_usage":false,"include_usage":true,"continuous_usage_stats":true}}"#,
+            ),
+            (
+                " \n{\"model\":\"m\",\"stream\":true,\"prompt\":\"x\"}",
+                " \n{\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true},\"model\":\"m\",\"stream\":true,\"prompt\":\"x\"}",
+            ),
+        ];
+        for (sent, upstream) in cases {
+            let r = p(Endpoint::Completions, sent).unwrap();
+            assert_eq!(std::str::from_utf8(&r.upstream_body).unwrap(), upstream);
+        }
     }
 
     #[test]

@@ -78,7 +78,7 @@ async fn handle(node: Arc<Node>, endpoint: Endpoint, headers: HeaderMap, body: B
     let arrived = Instant::now();
     let result = async {
         let bytes = read_body(&node, &headers, body).await?;
-        let parsed = request::parse(endpoint, &bytes)?;
+        let parsed = request::parse(endpoint, &bytes, node.cfg.proxy.chunk_usage)?;
         let tenant = node.tenants.resolve(&headers)?;
         let (parsed, shape) = node.shape_off_worker(parsed).await?;
         let profile = RequestProfile {

@@ -23,6 +23,7 @@ use super::{
     outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
+use crate::request::InjectedUsage;
 use crate::{decide::Learn, error::ApiError, fleet::Replica, ledger::Booking, node::Node};
 
 /// Largest non-streaming body kept to read its usage.
@@ -40,6 +41,8 @@ pub struct Tracking {
     pub prompt_bytes: Option<usize>,
     pub prompt_messages: u32,
     pub learn: Option<Learn>,
+    /// The TTFT label already went to the trainer (at the first token).
+    pub ttft_learned: bool,
 }
 
 enum Mode {
@@ -55,21 +58,24 @@ pub struct TrackedBody {
     idle: Pin<Box<Sleep>>,
     idle_timeout: Duration,
     done: bool,
+    /// Tokens already counted into the booking.
     content_seen: u32,
+    first_seen: bool,
 }
 
 impl TrackedBody {
     /// `first` is a frame already read from `upstream` (the router reads one before
     /// answering, so a replica that dies before its first byte can still be retried).
+    /// `stream` is set for an SSE response, with what the router injected into it.
     pub fn new(
         upstream: Incoming,
         first: Option<Bytes>,
-        stream: Option<bool>,
+        stream: Option<InjectedUsage>,
         track: Tracking,
         idle_timeout: Duration,
     ) -> Self {
         let mode = match stream {
-            Some(strip_usage) => Mode::Stream(SseScanner::new(strip_usage)),
+            Some(injected) => Mode::Stream(SseScanner::new(injected)),
             None => Mode::Whole(BytesMut::new()),
         };
         Self {
@@ -81,6 +87,7 @@ impl TrackedBody {
             idle_timeout,
             done: false,
             content_seen: 0,
+            first_seen: false,
         }
     }
 
@@ -90,15 +97,30 @@ impl TrackedBody {
                 let out = sc.feed(&data, Instant::now());
                 if let Some(t) = self.track.as_mut() {
                     let now_s = crate::clock::now_s();
-                    if sc.first_content.is_some() && self.content_seen == 0 {
+                    if let Some(first) = sc.first_content
+                        && !self.first_seen
+                    {
+                        self.first_seen = true;
                         t.booking.first_token(now_s);
+                        // The TTFT label is known now: learn it without waiting for the
+                        // stream to end (long outputs would delay it by seconds).
+                        if let Some(l) = &t.learn {
+                            let ttft_s = first.duration_since(t.dispatched).as_secs_f64();
+                            let reported = super::outcome::Reported {
+                                prompt_tokens: sc.chunk_prompt_tokens,
+                                cached_tokens: sc.chunk_cached_tokens,
+                            };
+                            t.node.learn_first_token(l, ttft_s, reported);
+                            t.ttft_learned = true;
+                        }
                     }
-                    let new = sc.content_events.saturating_sub(self.content_seen);
+                    // Tokens, not events: one chunk may carry several.
+                    let new = sc.tokens.saturating_sub(self.content_seen);
                     if new > 0 {
                         t.booking.generated(new, now_s);
                     }
                 }
-                self.content_seen = sc.content_events;
+                self.content_seen = sc.tokens;
                 out
             }
             Mode::Whole(keep) => {
@@ -114,23 +136,22 @@ impl TrackedBody {
     fn finish(&mut self, status: OutcomeStatus) -> Option<Bytes> {
         let t = self.track.take()?;
         let now = Instant::now();
-        let (ttft_s, tpot_s, usage, tail) = match &mut self.mode {
+        let (ttft_s, tpot_s, tpot_label_s, usage, tail) = match &mut self.mode {
             Mode::Stream(sc) => {
-                let usage = sc.usage;
+                let usage = sc.usage.or_else(|| {
+                    // A stream cut short has no final usage; its chunks' counts stand in.
+                    sc.chunk_usage.then_some(Usage {
+                        prompt_tokens: sc.chunk_prompt_tokens.unwrap_or(0),
+                        completion_tokens: sc.tokens,
+                        prompt_tokens_details: None,
+                    })
+                });
                 let first = sc
                     .first_content
                     .map(|f| f.duration_since(t.dispatched).as_secs_f64());
-                let tokens = usage
-                    .map(|u| u.completion_tokens)
-                    .unwrap_or(sc.content_events);
-                // Within one read the spacing of tokens is unknowable: no TPOT label then.
-                let spread = sc.last_content_read > sc.first_content_read;
-                let tpot = match (sc.first_content, sc.last_content) {
-                    (Some(a), Some(b)) if tokens >= 2 && spread && status == OutcomeStatus::Ok => {
-                        Some(b.duration_since(a).as_secs_f64() / (tokens - 1) as f64)
-                    }
-                    _ => None,
-                };
+                let ok = status == OutcomeStatus::Ok;
+                let tpot = sc.client_tpot_s().filter(|_| ok);
+                let label = sc.tpot_label_s().filter(|_| ok);
                 let tail = if status == OutcomeStatus::Cancelled || sc.done {
                     None
                 } else {
@@ -142,7 +163,7 @@ impl TrackedBody {
                     e.replica = Some(t.replica.name.clone());
                     Some(e.sse_bytes())
                 };
-                (first, tpot, usage, tail)
+                (first, tpot, label, usage, tail)
             }
             Mode::Whole(keep) => {
                 #[derive(serde::Deserialize)]
@@ -150,7 +171,7 @@ impl TrackedBody {
                     usage: Option<Usage>,
                 }
                 let usage = serde_json::from_slice::<U>(keep).ok().and_then(|u| u.usage);
-                (None, None, usage, None)
+                (None, None, None, usage, None)
             }
         };
         let upstream_failed = matches!(
@@ -169,13 +190,19 @@ impl TrackedBody {
             arrived: t.arrived,
             ttft_s,
             tpot_s,
+            tpot_label_s,
             e2e_s: now.duration_since(t.arrived).as_secs_f64(),
+            upstream_s: now.duration_since(t.dispatched).as_secs_f64(),
             output_tokens: usage.map(|u| u.completion_tokens),
             prompt_tokens: usage.map(|u| u.prompt_tokens).filter(|n| *n > 0),
             prompt_bytes: t.prompt_bytes,
             prompt_messages: t.prompt_messages,
-            cached_tokens: usage.and_then(|u| u.prompt_tokens_details.map(|d| d.cached_tokens)),
+            cached_tokens: usage.and_then(|u| u.cached_tokens()).or(match &self.mode {
+                Mode::Stream(sc) => sc.chunk_cached_tokens,
+                Mode::Whole(_) => None,
+            }),
             learn: t.learn,
+            ttft_learned: t.ttft_learned,
         };
         if outcome.status == OutcomeStatus::Ok {
             t.booking.complete();

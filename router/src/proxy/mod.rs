@@ -298,6 +298,7 @@ pub async fn forward(
                     },
                     prompt_messages: parsed.messages as u32,
                     learn: Some(target.learn),
+                    ttft_learned: false,
                 };
                 return Ok(respond(&node, resp, first, &parsed, track, fallback));
             }
@@ -369,11 +370,11 @@ fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let stream = (parsed.stream && is_sse).then_some(parsed.injected_usage);
+    let stream = (parsed.stream && is_sse).then_some(parsed.injected);
     let tracked = TrackedBody::new(body, first, stream, track, node.cfg.proxy.idle_timeout());
     let mut out = Response::new(AxumBody::new(tracked));
     *out.status_mut() = parts.status;
-    copy_headers(&parts.headers, out.headers_mut(), parsed.injected_usage);
+    copy_headers(&parts.headers, out.headers_mut(), parsed.injected.any());
     let h = out.headers_mut();
     h.insert(REPLICA_HEADER, replica_header(&r));
     if node.cfg.prediction_headers {

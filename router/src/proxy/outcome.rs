@@ -39,10 +39,16 @@ pub struct Outcome {
     pub arrived: Instant,
     /// Dispatch → first content chunk (streams only).
     pub ttft_s: Option<f64>,
-    /// (last − first content) / (tokens − 1), streams with ≥ 2 tokens.
+    /// TPOT as the client saw it: (last − first content) / (tokens − 1), streams with
+    /// ≥ 2 tokens spread over more than one read (attainment and the TPOT histogram).
     pub tpot_s: Option<f64>,
+    /// TPOT as the engine produced it, from its own token counts (what the predictor
+    /// learns from; see `sse::SseScanner::tpot_label_s`). `None` when unmeasurable.
+    pub tpot_label_s: Option<f64>,
     /// Arrival → end of response.
     pub e2e_s: f64,
+    /// Dispatch → end of response (a lower bound on TTFT when no token came).
+    pub upstream_s: f64,
     pub output_tokens: Option<u32>,
     /// Prompt tokens the replica reported (usage).
     pub prompt_tokens: Option<u32>,
@@ -52,4 +58,13 @@ pub struct Outcome {
     pub cached_tokens: Option<u32>,
     /// What the router saw and predicted at dispatch (for learning and error metrics).
     pub learn: Option<Learn>,
+    /// The TTFT label was learned at the first token already.
+    pub ttft_learned: bool,
+}
+
+/// What the engine reported about a request's prompt (usage), where it did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reported {
+    pub prompt_tokens: Option<u32>,
+    pub cached_tokens: Option<u32>,
 }

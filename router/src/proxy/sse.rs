@@ -1,18 +1,32 @@
-//! Watching an OpenAI SSE stream as it passes: when content starts and ends, how
-//! many tokens the usage chunk reports, and (when the router injected
-//! `include_usage`) removing what the client did not ask for.
+//! Watching an OpenAI SSE stream as it passes: when content starts and ends, how many
+//! tokens each chunk carried, what the usage reports, and removing the usage the
+//! router asked for but the client did not.
 //!
-//! Events leave exactly as they arrived except in that one case, where the usage
-//! event is dropped and the `,"usage":null` field is cut from each chunk. Both are
-//! textual edits: inside a JSON string every quote is escaped, so the unescaped
-//! sequence `,"usage":null` can only be structural.
+//! Token counts come from the engine, not from events: vLLM packs several tokens into
+//! one chunk (`stream_interval`) and flushes bursts of chunks when its API server is
+//! busy, so the router asks for per-chunk usage (`stream_options.continuous_usage_stats`)
+//! and reads each chunk's cumulative `completion_tokens`. Without it, a chunk counts as
+//! one token, and the final usage says whether that held.
+//!
+//! Events leave exactly as they arrived except where the router injected usage: the
+//! final usage event is dropped (the client did not ask for `include_usage`), and the
+//! `,"usage":null` or `,"usage":{…}` member is cut from each content chunk (the client
+//! did not ask for per-chunk usage). Both are textual edits: inside a JSON string
+//! every quote is escaped, so an unescaped `"usage":` followed by `null` or `{` can
+//! only be structural.
+//!
+//! The time-per-output-token *label* (what the predictor learns from) is kept apart
+//! from the TPOT the client saw: see [`SseScanner::tpot_label_s`].
 
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 
-/// Token counts from the usage chunk.
+use crate::request::InjectedUsage;
+
+/// Token counts from a usage object (the final chunk's, or a content chunk's when the
+/// engine reports usage continuously).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
     #[serde(default)]
@@ -29,24 +43,49 @@ pub struct PromptDetails {
     pub cached_tokens: u32,
 }
 
-#[derive(Deserialize)]
-struct UsageOnly {
-    usage: Option<Usage>,
+impl Usage {
+    pub fn cached_tokens(&self) -> Option<u32> {
+        self.prompt_tokens_details.map(|d| d.cached_tokens)
+    }
 }
+
+/// A TPOT label needs at least this many token intervals between the first and the
+/// last read that carried content.
+pub const LABEL_MIN_TOKENS: u32 = 2;
+/// … spread over at least this many reads after the first one.
+pub const LABEL_MIN_LATER_READS: u32 = 2;
 
 /// Stream state seen so far.
 #[derive(Debug)]
 pub struct SseScanner {
     pending: BytesMut,
-    strip_usage: bool,
+    strip: InjectedUsage,
     pub first_content: Option<Instant>,
     pub last_content: Option<Instant>,
-    /// Content events seen (a fast server may pack several tokens into one).
+    /// Content events seen (one event may carry several tokens).
     pub content_events: u32,
+    /// Completion tokens streamed so far: the latest chunk's cumulative usage where the
+    /// engine reports it, else one per content event.
+    pub tokens: u32,
+    /// Some content chunk carried its own usage (token counts are the engine's).
+    pub chunk_usage: bool,
+    /// Prompt tokens as a content chunk's usage reported them (known at the first token).
+    pub chunk_prompt_tokens: Option<u32>,
+    /// Cached prompt tokens as a content chunk's usage reported them, where it does.
+    pub chunk_cached_tokens: Option<u32>,
+    /// The first read that carried content: when it arrived and the tokens streamed by
+    /// its end.
+    first_read: Option<(Instant, u32)>,
+    /// The latest such read.
+    last_read: Option<(Instant, u32)>,
+    /// Reads after the first that carried content, and the most tokens one of them held.
+    later_reads: u32,
+    max_read_tokens: u32,
     /// Which read (1-based count of `feed` calls) carried the first and last content.
     pub first_content_read: u32,
     pub last_content_read: u32,
     reads: u32,
+    /// The final usage chunk's counts.
     pub usage: Option<Usage>,
     pub done: bool,
     /// The upstream sent an error event.
@@ -54,6 +93,7 @@ pub struct SseScanner {
 }
 
 const USAGE_NULL: &[u8] = b",\"usage\":null";
+const USAGE_OBJ: &[u8] = b"\"usage\":{";
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
@@ -76,14 +116,46 @@ fn event_end(buf: &[u8]) -> Option<usize> {
     None
 }
 
+/// The usage object in `data` (an event's payload): its value and the byte range of
+/// the whole `"usage":{…}` member, widened by one adjacent comma so that cutting the
+/// range leaves valid JSON.
+fn usage_member(data: &[u8]) -> Option<(Usage, std::ops::Range<usize>)> {
+    let at = find(data, USAGE_OBJ)?;
+    let obj = at + USAGE_OBJ.len() - 1;
+    let mut it = serde_json::Deserializer::from_slice(&data[obj..]).into_iter::<Usage>();
+    let usage = it.next()?.ok()?;
+    let end = obj + it.byte_offset();
+    let range = if at > 0 && data[at - 1] == b',' {
+        at - 1..end
+    } else if data.get(end) == Some(&b',') {
+        at..end + 1
+    } else {
+        at..end
+    };
+    Some((usage, range))
+}
+
+/// Whether the payload is a content chunk (at least one choice).
+fn has_choices(data: &[u8]) -> bool {
+    find(data, b"\"choices\":[{").is_some()
+}
+
 impl SseScanner {
-    pub fn new(strip_usage: bool) -> Self {
+    pub fn new(strip: InjectedUsage) -> Self {
         Self {
             pending: BytesMut::new(),
-            strip_usage,
+            strip,
             first_content: None,
             last_content: None,
             content_events: 0,
+            tokens: 0,
+            chunk_usage: false,
+            chunk_prompt_tokens: None,
+            chunk_cached_tokens: None,
+            first_read: None,
+            last_read: None,
+            later_reads: 0,
+            max_read_tokens: 0,
             first_content_read: 0,
             last_content_read: 0,
             reads: 0,
@@ -93,38 +165,73 @@ impl SseScanner {
         }
     }
 
+    fn editing(&self) -> bool {
+        self.strip.final_chunk || self.strip.per_chunk
+    }
+
     /// Feeds a chunk received at `now`; returns the bytes to pass on (complete events
     /// only; a partial event waits for its end).
     pub fn feed(&mut self, chunk: &Bytes, now: Instant) -> Bytes {
         self.reads += 1;
-        if self.pending.is_empty() && !self.strip_usage && event_end_at_tail(chunk) {
+        let (events_before, tokens_before) = (self.content_events, self.tokens);
+        let out = if self.pending.is_empty() && !self.editing() && event_end_at_tail(chunk) {
             // Fast path: whole events, nothing to edit: scan and pass the same bytes.
             let mut rest: &[u8] = chunk;
             while let Some(end) = event_end(rest) {
                 self.observe(&rest[..end], now);
                 rest = &rest[end..];
             }
-            return chunk.clone();
-        }
-        self.pending.extend_from_slice(chunk);
-        let mut out = BytesMut::new();
-        while let Some(end) = event_end(&self.pending) {
-            let ev = self.pending.split_to(end);
-            if self.observe(&ev, now) == Verdict::Drop {
-                continue;
-            }
-            if self.strip_usage {
-                let mut rest: &[u8] = &ev;
-                while let Some(i) = find(rest, USAGE_NULL) {
-                    out.extend_from_slice(&rest[..i]);
-                    rest = &rest[i + USAGE_NULL.len()..];
+            chunk.clone()
+        } else {
+            self.pending.extend_from_slice(chunk);
+            let mut out = BytesMut::new();
+            while let Some(end) = event_end(&self.pending) {
+                let ev = self.pending.split_to(end);
+                match self.observe(&ev, now) {
+                    Verdict::Drop => {}
+                    Verdict::Pass => self.pass(&ev, None, &mut out),
+                    Verdict::Cut(r) => self.pass(&ev, Some(r), &mut out),
                 }
-                out.extend_from_slice(rest);
-            } else {
-                out.extend_from_slice(&ev);
+            }
+            out.freeze()
+        };
+        if self.content_events > events_before {
+            match self.first_read {
+                None => self.first_read = Some((now, self.tokens)),
+                Some(_) => {
+                    self.later_reads += 1;
+                    self.max_read_tokens = self
+                        .max_read_tokens
+                        .max(self.tokens.saturating_sub(tokens_before));
+                    self.last_read = Some((now, self.tokens));
+                }
             }
         }
-        out.freeze()
+        out
+    }
+
+    /// Appends `ev` to `out` without the member in `cut` (a range of the whole event)
+    /// and, when the router injected `include_usage`, without `,"usage":null`.
+    fn pass(&self, ev: &[u8], cut: Option<std::ops::Range<usize>>, out: &mut BytesMut) {
+        let mut put = |part: &[u8]| {
+            if !self.strip.final_chunk {
+                out.extend_from_slice(part);
+                return;
+            }
+            let mut rest = part;
+            while let Some(i) = find(rest, USAGE_NULL) {
+                out.extend_from_slice(&rest[..i]);
+                rest = &rest[i + USAGE_NULL.len()..];
+            }
+            out.extend_from_slice(rest);
+        };
+        match cut {
+            Some(r) => {
+                put(&ev[..r.start]);
+                put(&ev[r.end..]);
+            }
+            None => put(ev),
+        }
     }
 
     /// Bytes of an unfinished event left at the end of the stream.
@@ -132,11 +239,54 @@ impl SseScanner {
         self.pending.split().freeze()
     }
 
+    /// TPOT as the client saw it: (last − first content) / (tokens − 1), from the final
+    /// usage's token count. `None` when everything came in one read (the spacing is
+    /// unknowable) or fewer than two tokens were streamed.
+    pub fn client_tpot_s(&self) -> Option<f64> {
+        let tokens = self.usage.map_or(self.tokens, |u| u.completion_tokens);
+        match (self.first_content, self.last_content) {
+            (Some(a), Some(b))
+                if tokens >= 2 && self.last_content_read > self.first_content_read =>
+            {
+                Some(b.duration_since(a).as_secs_f64() / f64::from(tokens - 1))
+            }
+            _ => None,
+        }
+    }
+
+    /// The TPOT label: (t_last − t_first) / (N_last − N_first) between the first and the
+    /// last read that carried content, N the tokens streamed by the end of each. Token
+    /// counts must be the engine's (per-chunk usage, or one token per chunk as the
+    /// final usage confirms). No label — never a near-zero one — when the span is too
+    /// short or a single burst carried most of it: then the tokens' spacing was lost in
+    /// the engine's or the network's buffering.
+    pub fn tpot_label_s(&self) -> Option<f64> {
+        let ((t1, n1), (t2, n2)) = (self.first_read?, self.last_read?);
+        let exact = self.chunk_usage
+            || self
+                .usage
+                .is_some_and(|u| u.completion_tokens == self.content_events);
+        let span = n2.checked_sub(n1)?;
+        if !exact
+            || span < LABEL_MIN_TOKENS
+            || self.later_reads < LABEL_MIN_LATER_READS
+            || 2 * self.max_read_tokens > span
+        {
+            return None;
+        }
+        let dt = t2.duration_since(t1).as_secs_f64();
+        (dt > 0.0).then(|| dt / f64::from(span))
+    }
+
     fn observe(&mut self, ev: &[u8], now: Instant) -> Verdict {
-        let data = ev
-            .strip_prefix(b"data:")
-            .map(|d| d.trim_ascii_start())
-            .unwrap_or(b"");
+        // `offset`: where the payload starts within the event (for the cut range).
+        let (offset, data) = match ev.strip_prefix(b"data:") {
+            Some(d) => {
+                let d = d.trim_ascii_start();
+                (ev.len() - d.len(), d)
+            }
+            None => (0, &b""[..]),
+        };
         if data.starts_with(b"[DONE]") {
             self.done = true;
             return Verdict::Pass;
@@ -145,28 +295,42 @@ impl SseScanner {
             self.upstream_error = true;
             return Verdict::Pass;
         }
-        if find(data, b"\"usage\":{").is_some() {
-            if let Ok(UsageOnly { usage: Some(u) }) = serde_json::from_slice(data.trim_ascii_end())
-            {
-                self.usage = Some(u);
+        let content = has_choices(data);
+        let member = usage_member(data);
+        if !content {
+            if member.is_some() || find(data, USAGE_OBJ).is_some() {
+                if let Some((u, _)) = member {
+                    self.usage = Some(u);
+                }
+                // The final usage chunk has no choices; drop it if the client did not ask.
+                if find(data, b"\"choices\":[]").is_some() && self.strip.final_chunk {
+                    return Verdict::Drop;
+                }
             }
-            // The final usage chunk has no choices; drop it if the client did not ask.
-            if find(data, b"\"choices\":[]").is_some() {
-                return if self.strip_usage {
-                    Verdict::Drop
-                } else {
-                    Verdict::Pass
-                };
-            }
+            return Verdict::Pass;
         }
-        if find(data, b"\"choices\":[{").is_some() {
-            if self.first_content.is_none() {
-                self.first_content = Some(now);
-                self.first_content_read = self.reads;
+        if self.first_content.is_none() {
+            self.first_content = Some(now);
+            self.first_content_read = self.reads;
+        }
+        self.last_content = Some(now);
+        self.last_content_read = self.reads;
+        self.content_events += 1;
+        match member {
+            Some((u, range)) => {
+                self.chunk_usage = true;
+                // Cumulative counts; never let a stale or reordered chunk move them back.
+                self.tokens = self.tokens.max(u.completion_tokens);
+                self.chunk_prompt_tokens.get_or_insert(u.prompt_tokens);
+                if let Some(c) = u.cached_tokens() {
+                    self.chunk_cached_tokens.get_or_insert(c);
+                }
+                if self.strip.per_chunk {
+                    return Verdict::Cut(range.start + offset..range.end + offset);
+                }
             }
-            self.last_content = Some(now);
-            self.last_content_read = self.reads;
-            self.content_events += 1;
+            None if !self.chunk_usage => self.tokens += 1,
+            None => {}
         }
         Verdict::Pass
     }
@@ -180,57 +344,186 @@ fn event_end_at_tail(chunk: &[u8]) -> bool {
 enum Verdict {
     Pass,
     Drop,
+    /// Pass without this byte range of the event (the per-chunk usage member).
+    Cut(std::ops::Range<usize>),
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const CHUNK1: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hi\"}}],\"usage\":null}\n\n";
     const CHUNK2: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" \\\",\\\"usage\\\":null there\"},\"finish_reason\":\"length\"}],\"usage\":null}\n\n";
-    const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n";
+    const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":3}},\"system_fingerprint\":\"fp\"}\n\n";
     const DONE: &str = "data: [DONE]\n\n";
 
-    fn run(strip: bool, chunks: &[&[u8]]) -> (SseScanner, String) {
+    const KEEP: InjectedUsage = InjectedUsage {
+        final_chunk: false,
+        per_chunk: false,
+    };
+    const INJECTED: InjectedUsage = InjectedUsage {
+        final_chunk: true,
+        per_chunk: true,
+    };
+
+    /// A completions chunk as vLLM sends it with `continuous_usage_stats`.
+    fn counted(text: &str, prompt: u32, done: u32) -> String {
+        format!(
+            "data: {{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"finish_reason\":null}}],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":{},\"completion_tokens\":{done}}}}}\n\n",
+            prompt + done
+        )
+    }
+
+    fn final_usage(prompt: u32, done: u32) -> String {
+        format!(
+            "data: {{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":{},\"completion_tokens\":{done}}}}}\n\n",
+            prompt + done
+        )
+    }
+
+    /// Feeds each read at its offset (ms) from a common start.
+    fn timed(strip: InjectedUsage, reads: &[(u64, String)]) -> (SseScanner, String) {
+        let t0 = Instant::now();
         let mut s = SseScanner::new(strip);
         let mut out = Vec::new();
-        for c in chunks {
-            out.extend_from_slice(&s.feed(&Bytes::copy_from_slice(c), Instant::now()));
+        for (ms, r) in reads {
+            let at = t0 + Duration::from_millis(*ms);
+            out.extend_from_slice(&s.feed(&Bytes::from(r.clone()), at));
         }
         (s, String::from_utf8(out).unwrap())
+    }
+
+    fn run(strip: InjectedUsage, chunks: &[&[u8]]) -> (SseScanner, String) {
+        let reads: Vec<(u64, String)> = chunks
+            .iter()
+            .map(|c| (0, String::from_utf8(c.to_vec()).unwrap()))
+            .collect();
+        timed(strip, &reads)
+    }
+
+    fn assert_valid_events(out: &str) {
+        for ev in out.split("\n\n").filter(|e| e.starts_with("data: {")) {
+            serde_json::from_str::<serde_json::Value>(&ev[6..]).expect("still valid JSON");
+        }
     }
 
     #[test]
     fn passes_through_untouched_when_client_asked_for_usage() {
         let all = format!("{CHUNK1}{CHUNK2}{USAGE}{DONE}");
-        let (s, out) = run(false, &[all.as_bytes()]);
+        let (s, out) = run(KEEP, &[all.as_bytes()]);
         assert_eq!(out, all);
         assert_eq!(s.content_events, 2);
         assert_eq!(s.usage.unwrap().completion_tokens, 2);
-        assert_eq!(
-            s.usage
-                .unwrap()
-                .prompt_tokens_details
-                .unwrap()
-                .cached_tokens,
-            3
-        );
+        assert_eq!(s.usage.unwrap().cached_tokens(), Some(3));
         assert!(s.done && s.first_content.is_some());
     }
 
     #[test]
     fn strips_injected_usage_but_not_lookalike_content() {
         let all = format!("{CHUNK1}{CHUNK2}{USAGE}{DONE}");
-        let (s, out) = run(true, &[all.as_bytes()]);
+        let (s, out) = run(INJECTED, &[all.as_bytes()]);
         assert_eq!(s.usage.unwrap().completion_tokens, 2);
         assert!(!out.contains("\"usage\":{"));
         assert!(!out.contains("\"usage\":null}"));
         // The escaped look-alike inside the content string survives.
         assert!(out.contains("\\\",\\\"usage\\\":null there"));
         assert!(out.ends_with(DONE));
-        for ev in out.split("\n\n").filter(|e| e.starts_with("data: {")) {
-            serde_json::from_str::<serde_json::Value>(&ev[6..]).expect("still valid JSON");
-        }
+        assert_valid_events(&out);
+    }
+
+    #[test]
+    fn per_chunk_usage_counts_tokens_and_is_cut_from_what_the_client_sees() {
+        // stream_interval 12: the first token alone, then 12 per chunk.
+        let reads: Vec<(u64, String)> = vec![
+            (0, counted("a", 40, 1)),
+            (120, counted("b", 40, 13)),
+            (240, counted("c", 40, 25)),
+            (360, counted("d", 40, 37)),
+            (361, format!("{}{DONE}", final_usage(40, 37))),
+        ];
+        let (s, out) = timed(INJECTED, &reads);
+        assert_eq!(s.tokens, 37);
+        assert_eq!(s.content_events, 4);
+        assert!(s.chunk_usage);
+        assert_eq!(s.chunk_prompt_tokens, Some(40));
+        assert!(!out.contains("usage"), "{out}");
+        assert!(out.contains("\"text\":\"d\""));
+        assert_valid_events(&out);
+        // 360 ms over 36 token intervals, not over 3 chunk intervals.
+        let label = s.tpot_label_s().unwrap();
+        assert!((label - 0.010).abs() < 1e-9, "{label}");
+        let client = s.client_tpot_s().unwrap();
+        assert!((client - 0.010).abs() < 1e-9, "{client}");
+    }
+
+    #[test]
+    fn client_asking_only_for_the_final_usage_keeps_it() {
+        let strip = InjectedUsage {
+            final_chunk: false,
+            per_chunk: true,
+        };
+        let reads = vec![
+            (0, counted("a", 8, 1)),
+            (
+                10,
+                format!("{}{}{DONE}", counted("b", 8, 2), final_usage(8, 2)),
+            ),
+        ];
+        let (s, out) = timed(strip, &reads);
+        assert_eq!(out.matches("\"usage\":{").count(), 1, "{out}");
+        assert!(out.contains("\"choices\":[],\"usage\":{\"prompt_tokens\":8"));
+        assert_eq!(s.usage.unwrap().completion_tokens, 2);
+        assert_valid_events(&out);
+    }
+
+    #[test]
+    fn a_burst_gives_no_label_rather_than_a_tiny_one() {
+        // Everything after the first token flushed in one read: the spacing is lost.
+        let burst: String = (2..=30).map(|n| counted("t", 10, n)).collect();
+        let (s, _) = timed(INJECTED, &[(0, counted("a", 10, 1)), (300, burst)]);
+        assert_eq!(s.tokens, 30);
+        assert_eq!(s.tpot_label_s(), None);
+        // One read holding most of the span is a burst too.
+        let big: String = (4..=30).map(|n| counted("t", 10, n)).collect();
+        let (s, _) = timed(
+            INJECTED,
+            &[
+                (0, counted("a", 10, 1)),
+                (10, counted("b", 10, 2)),
+                (20, counted("c", 10, 3)),
+                (300, big),
+            ],
+        );
+        assert_eq!(s.tpot_label_s(), None);
+        // And a lone read is no span at all.
+        let (s, _) = timed(INJECTED, &[(0, counted("a", 10, 1))]);
+        assert_eq!(s.tpot_label_s(), None);
+    }
+
+    #[test]
+    fn without_per_chunk_usage_a_chunk_is_a_token_only_if_the_total_agrees() {
+        let chunk = |t: &str| {
+            format!(
+                "data: {{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{{\"index\":0,\"text\":\"{t}\"}}]}}\n\n"
+            )
+        };
+        let reads = |total: u32| -> Vec<(u64, String)> {
+            vec![
+                (0, chunk("a")),
+                (10, chunk("b")),
+                (20, chunk("c")),
+                (30, format!("{}{}{DONE}", chunk("d"), final_usage(5, total))),
+            ]
+        };
+        let (s, _) = timed(KEEP, &reads(4));
+        let label = s.tpot_label_s().unwrap();
+        assert!((label - 0.010).abs() < 1e-9, "{label}");
+        // Four chunks but twelve tokens: how they were spread is unknown.
+        let (s, _) = timed(KEEP, &reads(12));
+        assert_eq!(s.tpot_label_s(), None);
+        assert!(s.client_tpot_s().is_some());
     }
 
     #[test]
@@ -238,16 +531,23 @@ mod tests {
         let all = format!("{CHUNK1}{USAGE}{DONE}");
         let bytes = all.as_bytes();
         let pieces: Vec<&[u8]> = bytes.chunks(7).collect();
-        let (s, out) = run(false, &pieces);
+        let (s, out) = run(KEEP, &pieces);
         assert_eq!(out, all);
         assert_eq!(s.content_events, 1);
         assert!(s.done);
+        // Split and edited: the cut still lands on the right bytes.
+        let all = format!("{}{}{DONE}", counted("z", 3, 1), final_usage(3, 1));
+        let pieces: Vec<&[u8]> = all.as_bytes().chunks(5).collect();
+        let (s, out) = run(INJECTED, &pieces);
+        assert_eq!(s.tokens, 1);
+        assert!(!out.contains("usage"));
+        assert_valid_events(&out);
     }
 
     #[test]
     fn upstream_error_event_is_noticed() {
         let (s, _) = run(
-            false,
+            KEEP,
             &[b"data: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n"],
         );
         assert!(s.upstream_error && s.done);
