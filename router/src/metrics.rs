@@ -14,6 +14,10 @@ const TPOT_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
 ];
 const REL_ERR_BUCKETS: &[f64] = &[0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0];
+/// Label ÷ engine-reported value: honest labels sit near 1.
+const RATIO_BUCKETS: &[f64] = &[
+    0.25, 0.5, 0.75, 0.85, 0.9, 1.0, 1.1, 1.15, 1.25, 1.5, 2.0, 4.0,
+];
 const DECISION_BUCKETS: &[f64] = &[
     1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3,
 ];
@@ -36,6 +40,7 @@ pub struct Metrics {
     pub forecast_rel_error: HistogramVec,
     pub forecast_abs_error: HistogramVec,
     pub bound_covered: IntCounterVec,
+    pub tpot_label_ratio: HistogramVec,
     pub predictor_learned: IntGauge,
     pub predictor_dropped: IntGauge,
 }
@@ -196,6 +201,15 @@ impl Metrics {
                     "headroom_forecast_bound_total",
                     "Outcomes inside (covered=true) or above the calibrated upper bound.",
                     &["target", "covered"],
+                ),
+            ),
+            tpot_label_ratio: reg(
+                &r,
+                h(
+                    "headroom_tpot_label_ratio",
+                    "The TPOT the router measured from the stream over the engine's own mean inter-token latency for the same request (vLLM --enable-per-request-metrics), per replica.",
+                    RATIO_BUCKETS,
+                    &["replica"],
                 ),
             ),
             predictor_learned: reg(

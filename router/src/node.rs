@@ -199,12 +199,13 @@ impl Node {
         }
     }
 
-    /// The labels known at the end: TPOT (from the engine's token counts), and TTFT if
-    /// no token came (then only a lower bound: censored).
+    /// The labels known at the end: TPOT (the engine's own, else measured from the
+    /// stream with its token counts), and TTFT if no token came (then only a lower
+    /// bound: censored).
     fn learn(&self, o: &Outcome) {
         let Some(l) = o.learn else { return };
         let ok = o.status == OutcomeStatus::Ok;
-        let tpot_ms = o.tpot_label_s.map(|s| s * 1e3).filter(|_| ok);
+        let tpot_ms = o.tpot_label_s().map(|s| s * 1e3).filter(|_| ok);
         if let Some(y) = tpot_ms {
             self.score("tpot", y, l.prediction.tpot_ms, l.prediction.tpot_upper_ms);
         }
@@ -273,6 +274,13 @@ impl Node {
         }
         if let Some(t) = o.tpot_s {
             m.tpot.with_label_values(&[&o.model, r]).observe(t);
+        }
+        // How far the stream's own measurement is from the engine's (where the engine
+        // reports one): the check on labels for engines that report nothing.
+        if let (Some(label), Some(itl)) = (o.tpot_stream_s, o.engine_itl_ms.filter(|v| *v > 0.0)) {
+            m.tpot_label_ratio
+                .with_label_values(&[r])
+                .observe(label * 1e3 / itl);
         }
         m.e2e.with_label_values(&[&o.model, r]).observe(o.e2e_s);
         let now = crate::clock::now_ms();

@@ -360,7 +360,7 @@ async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
     assert!(text.len() >= OFFLOAD_TOKENIZE_BYTES);
     let body = json!({"model":"m","prompt":text,"max_tokens":5});
     let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
-    let parsed = parse(Endpoint::Completions, &bytes).unwrap();
+    let parsed = parse(Endpoint::Completions, &bytes, true).unwrap();
     let inline = r.node.shape(&parsed);
     assert!(
         (3_695..=3_705).contains(&inline.tokens),

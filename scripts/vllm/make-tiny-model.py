@@ -3,12 +3,14 @@
 
 Run it with the vLLM venv's python (it needs torch, transformers, tokenizers):
 
-    "$VENV/bin/python" scripts/vllm/make-tiny-model.py [--out DIR] [--seed N]
-        [--tokenizer-out PATH] [--force]
+    "$VENV/bin/python" scripts/vllm/make-tiny-model.py [--variant small|big]
+        [--out DIR] [--seed N] [--tokenizer-out PATH] [--force]
 
-Output (default ${HEADROOM_CACHE:-~/.cache/headroom}/tiny-llama): a random-weight
-Llama (hidden 128, 2 layers, vocab 4096, safetensors) with a byte-level BPE tokenizer
-trained here on local text. Nothing comes from a model hub.
+Output (default ${HEADROOM_CACHE:-~/.cache/headroom}/tiny-llama, or tiny-llama-big):
+a random-weight Llama with a byte-level BPE tokenizer trained here on local text.
+Nothing comes from a model hub. `small` is hidden 128, 2 layers; `big` is hidden 192,
+3 layers (about 3x the prefill and 2x the decode time on one CPU core), with the very
+same tokenizer, so the two can serve one model name as a heterogeneous fleet.
 
 Invariants:
 - Deterministic for a given seed and corpus: the corpus is read in sorted path order
@@ -31,7 +33,14 @@ import time
 from pathlib import Path
 
 # Bump when anything below changes what gets written.
-RECIPE = "tiny-llama/v2"
+RECIPES = {"small": "tiny-llama/v2", "big": "tiny-llama-big/v1"}
+# Llama shapes per variant; the head size stays 32 so the attention kernels match.
+SHAPES = {
+    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2),
+    "big": dict(hidden_size=192, intermediate_size=384, num_hidden_layers=3,
+                num_attention_heads=6, num_key_value_heads=2),
+}
 MANIFEST = "headroom-model.json"
 VOCAB_SIZE = 4096
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -60,18 +69,18 @@ def log(msg: str) -> None:
     print(f"[tiny-model {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def default_out() -> Path:
+def default_out(variant: str) -> Path:
     cache = os.environ.get("HEADROOM_CACHE") or os.path.expanduser("~/.cache/headroom")
-    return Path(cache) / "tiny-llama"
+    return Path(cache) / ("tiny-llama" if variant == "small" else "tiny-llama-big")
 
 
-def is_valid(out: Path) -> bool:
-    """True when a previous run completed with this recipe."""
+def is_valid(out: Path, variant: str) -> bool:
+    """True when a previous run completed with this variant's recipe."""
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if manifest.get("recipe") != RECIPE:
+    if manifest.get("recipe") != RECIPES[variant]:
         return False
     return all((out / name).is_file() and (out / name).stat().st_size > 0 for name in REQUIRED_FILES)
 
@@ -153,7 +162,7 @@ def train_tokenizer(texts: list[str]):
     return tok
 
 
-def build(out: Path, seed: int) -> dict:
+def build(out: Path, seed: int, variant: str) -> dict:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -176,11 +185,7 @@ def build(out: Path, seed: int) -> dict:
 
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SHAPES[variant],
         head_dim=32,
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=4096,
@@ -214,7 +219,8 @@ def build(out: Path, seed: int) -> dict:
             smap = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
             (tmp / "special_tokens_map.json").write_text(json.dumps(smap, indent=2) + "\n")
         manifest = {
-            "recipe": RECIPE,
+            "recipe": RECIPES[variant],
+            "variant": variant,
             "seed": seed,
             "corpus_sha256": corpus_sha,
             "corpus_bytes": corpus_bytes,
@@ -241,7 +247,7 @@ def build(out: Path, seed: int) -> dict:
     return manifest
 
 
-def self_check(out: Path) -> None:
+def self_check(out: Path, variant: str) -> None:
     """Loads what was written the way vLLM will and fails loudly if it is unusable."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -256,24 +262,25 @@ def self_check(out: Path) -> None:
     )
     if not chat.endswith("<s>assistant\n"):
         raise SystemExit(f"chat template gave {chat!r}")
-    if cfg.vocab_size != len(tok) or cfg.num_hidden_layers != 2:
+    if cfg.vocab_size != len(tok) or cfg.num_hidden_layers != SHAPES[variant]["num_hidden_layers"]:
         raise SystemExit(f"config mismatch: vocab {cfg.vocab_size} vs tokenizer {len(tok)}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=default_out())
+    ap.add_argument("--variant", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer-out", type=Path, help="also copy tokenizer.json here")
     ap.add_argument("--force", action="store_true", help="rebuild even if valid")
     args = ap.parse_args()
-    out: Path = args.out.expanduser().resolve()
+    out: Path = (args.out or default_out(args.variant)).expanduser().resolve()
 
-    if not args.force and is_valid(out):
+    if not args.force and is_valid(out, args.variant):
         log(f"reusing {out}")
     else:
-        build(out, args.seed)
-        self_check(out)
+        build(out, args.seed, args.variant)
+        self_check(out, args.variant)
     if args.tokenizer_out:
         args.tokenizer_out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "tokenizer.json", args.tokenizer_out)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts N real vLLM (CPU) servers on 127.0.0.1 serving the tiny local model, and
-# waits until every one answers GET /health with 200.
+# Starts N real vLLM (CPU) servers on 127.0.0.1 serving the tiny local model(s) under
+# one name, and waits until every one answers GET /health with 200.
 #
 # Usage: scripts/vllm/start.sh N [BASE_PORT]
 #   BASE_PORT given: server i listens on BASE_PORT+i (fails if a port is taken).
@@ -12,6 +12,9 @@
 #
 # Env: HEADROOM_CACHE (venv and model location, default ~/.cache/headroom),
 #      HEADROOM_VLLM_MODEL (model dir, default $HEADROOM_CACHE/tiny-llama),
+#      HEADROOM_VLLM_MODELS (model dirs, comma-separated: server i serves entry
+#        i mod count, e.g. "$CACHE/tiny-llama,$CACHE/tiny-llama-big" for a
+#        heterogeneous pair; default HEADROOM_VLLM_MODEL),
 #      HEADROOM_VLLM_RUN_DIR (default: a new dir under ${TMPDIR:-/tmp}),
 #      HEADROOM_VLLM_TIMEOUT (seconds to healthy, default 300),
 #      HEADROOM_VLLM_EXTRA_ARGS (extra api_server flags, word-split).
@@ -45,11 +48,16 @@ fi
 
 [[ -f "$VENV/.headroom-complete" && -x "$VENV/bin/python" ]] \
     || die "no complete vLLM venv at $VENV; run scripts/vllm/setup.sh (or scripts/vllm/prepare.sh)"
-[[ -f "$MODEL/headroom-model.json" && -f "$MODEL/config.json" ]] \
-    || die "no tiny model at $MODEL; run scripts/vllm/prepare.sh (or make-tiny-model.py in the venv)"
+IFS=, read -r -a models <<<"${HEADROOM_VLLM_MODELS:-$MODEL}"
+((${#models[@]} >= 1)) || die "HEADROOM_VLLM_MODELS names no model"
+for m in "${!models[@]}"; do
+    dir="${models[$m]}"
+    [[ -f "$dir/headroom-model.json" && -f "$dir/config.json" ]] \
+        || die "no tiny model at $dir; run scripts/vllm/prepare.sh (or make-tiny-model.py in the venv)"
+    # Absolute paths: each server runs in its own scratch dir.
+    models[$m]="$(cd "$dir" && pwd)"
+done
 command -v curl >/dev/null || die "curl is required"
-# Absolute paths: each server runs in its own scratch dir.
-MODEL="$(cd "$MODEL" && pwd)"
 VPY="$(cd "$VENV/bin" && pwd)/python"
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -106,6 +114,7 @@ cores="$(nproc)"
 read -r -a extra <<<"${HEADROOM_VLLM_EXTRA_ARGS:-}"
 for ((i = 0; i < N; i++)); do
     port="${ports[$i]}"
+    model="${models[$((i % ${#models[@]}))]}"
     scratch="$RUN/scratch/$i"
     mkdir -p "$scratch/tmp" "$scratch/vllm-cache" "$scratch/inductor" "$scratch/hf"
     started=1
@@ -124,10 +133,11 @@ for ((i = 0; i < N; i++)); do
             VLLM_CACHE_ROOT="$scratch/vllm-cache" \
             TORCHINDUCTOR_CACHE_DIR="$scratch/inductor" \
             setsid "$VPY" -m vllm.entrypoints.openai.api_server \
-            --model "$MODEL" --served-model-name tiny-llama \
+            --model "$model" --served-model-name tiny-llama \
             --host 127.0.0.1 --port "$port" \
             --max-model-len 4096 --enable-prefix-caching --enforce-eager \
             --block-size 32 --num-gpu-blocks-override 256 \
+            --enable-prompt-tokens-details --enable-per-request-metrics \
             "${extra[@]}" \
             >"$RUN/server-$i.log" 2>&1 </dev/null
     ) &
@@ -135,7 +145,8 @@ for ((i = 0; i < N; i++)); do
     echo "$pid" >"$RUN/server-$i.pid"
     echo "$port" >"$RUN/server-$i.port"
     echo "http://127.0.0.1:$port" >>"$RUN/servers.txt"
-    log "server $i: pid $pid, http://127.0.0.1:$port, core $((i % cores)), log $RUN/server-$i.log"
+    echo "$model" >"$RUN/server-$i.model"
+    log "server $i: pid $pid, http://127.0.0.1:$port, $(basename "$model"), core $((i % cores)), log $RUN/server-$i.log"
 done
 
 t0=$(date +%s)

@@ -190,7 +190,11 @@ impl TrackedBody {
             arrived: t.arrived,
             ttft_s,
             tpot_s,
-            tpot_label_s,
+            tpot_stream_s: tpot_label_s,
+            engine_itl_ms: match &self.mode {
+                Mode::Stream(sc) => sc.engine.and_then(|e| e.mean_itl_ms),
+                Mode::Whole(_) => None,
+            },
             e2e_s: now.duration_since(t.arrived).as_secs_f64(),
             upstream_s: now.duration_since(t.dispatched).as_secs_f64(),
             output_tokens: usage.map(|u| u.completion_tokens),

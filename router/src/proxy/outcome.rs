@@ -16,6 +16,19 @@ pub enum OutcomeStatus {
     Cancelled,
 }
 
+impl Outcome {
+    /// The TPOT label the predictor learns from (s): the engine's own mean inter-token
+    /// latency where it reports one, else the stream's measurement. The engine's is
+    /// exact; the stream's carries the API server's and the network's buffering.
+    pub fn tpot_label_s(&self) -> Option<f64> {
+        let engine = self
+            .engine_itl_ms
+            .filter(|v| v.is_finite() && *v > 0.0 && self.output_tokens.is_some_and(|n| n >= 2))
+            .map(|v| v / 1e3);
+        engine.or(self.tpot_stream_s)
+    }
+}
+
 impl OutcomeStatus {
     pub fn label(self) -> &'static str {
         match self {
@@ -42,9 +55,11 @@ pub struct Outcome {
     /// TPOT as the client saw it: (last − first content) / (tokens − 1), streams with
     /// ≥ 2 tokens spread over more than one read (attainment and the TPOT histogram).
     pub tpot_s: Option<f64>,
-    /// TPOT as the engine produced it, from its own token counts (what the predictor
-    /// learns from; see `sse::SseScanner::tpot_label_s`). `None` when unmeasurable.
-    pub tpot_label_s: Option<f64>,
+    /// TPOT measured from the stream with the engine's token counts (see
+    /// `sse::SseScanner::tpot_label_s`). `None` when unmeasurable.
+    pub tpot_stream_s: Option<f64>,
+    /// The engine's own mean inter-token latency for this request (ms), where it says.
+    pub engine_itl_ms: Option<f64>,
     /// Arrival → end of response.
     pub e2e_s: f64,
     /// Dispatch → end of response (a lower bound on TTFT when no token came).

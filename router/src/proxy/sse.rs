@@ -49,6 +49,23 @@ impl Usage {
     }
 }
 
+/// Per-request timings some engines add to the final usage chunk (vLLM with
+/// `--enable-per-request-metrics`): the engine's own view, used to check the labels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+pub struct EngineTimings {
+    #[serde(default)]
+    pub time_to_first_token_ms: Option<f64>,
+    #[serde(default)]
+    pub queue_time_ms: Option<f64>,
+    #[serde(default)]
+    pub mean_itl_ms: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct TimingsOnly {
+    metrics: Option<EngineTimings>,
+}
+
 /// A TPOT label needs at least this many token intervals between the first and the
 /// last read that carried content.
 pub const LABEL_MIN_TOKENS: u32 = 2;
@@ -87,6 +104,8 @@ pub struct SseScanner {
     reads: u32,
     /// The final usage chunk's counts.
     pub usage: Option<Usage>,
+    /// The engine's per-request timings, where it reports them.
+    pub engine: Option<EngineTimings>,
     pub done: bool,
     /// The upstream sent an error event.
     pub upstream_error: bool,
@@ -160,6 +179,7 @@ impl SseScanner {
             last_content_read: 0,
             reads: 0,
             usage: None,
+            engine: None,
             done: false,
             upstream_error: false,
         }
@@ -301,6 +321,11 @@ impl SseScanner {
             if member.is_some() || find(data, USAGE_OBJ).is_some() {
                 if let Some((u, _)) = member {
                     self.usage = Some(u);
+                }
+                if find(data, b"\"metrics\":{").is_some()
+                    && let Ok(t) = serde_json::from_slice::<TimingsOnly>(data.trim_ascii_end())
+                {
+                    self.engine = t.metrics;
                 }
                 // The final usage chunk has no choices; drop it if the client did not ask.
                 if find(data, b"\"choices\":[]").is_some() && self.strip.final_chunk {
