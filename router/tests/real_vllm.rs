@@ -8,6 +8,8 @@
 //! `--nocapture`). `t0_known_issue_*` tests are ignored: each reproduces a router
 //! defect found here and should pass once it is fixed.
 
+#[path = "real_vllm/accuracy.rs"]
+mod accuracy;
 #[path = "real_vllm/affinity.rs"]
 mod affinity;
 #[path = "real_vllm/failover.rs"]
@@ -79,6 +81,16 @@ async fn t4_predictor_learns_from_real_outcomes() {
         return;
     };
     bounded(Duration::from_secs(150), predictor::run(&env)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t4b_forecasts_hold_on_the_heterogeneous_pair() {
+    let Some(env) = harness::env("t4b_forecasts_hold_on_the_heterogeneous_pair") else {
+        return;
+    };
+    let plan = accuracy::Plan::from_env();
+    let limit = 240 + 3 * plan.requests as u64 * plan.seeds.len() as u64;
+    bounded(Duration::from_secs(limit), accuracy::run(&env)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

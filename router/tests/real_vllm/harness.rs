@@ -94,12 +94,37 @@ pub fn config_toml(env: &Env, listen_port: u16, policy: &str, extra: &str) -> St
     s.push_str(extra);
     s.push('\n');
     for (i, u) in env.urls.iter().enumerate() {
-        // One class: both servers run the same engine build on the same machine.
+        // A class per model: servers of one model on this machine share a latency model.
+        let class = env.class_of(i);
         s.push_str(&format!(
-            "[[replicas]]\nurl = \"{u}\"\nname = \"vllm-{i}\"\nclass = \"cpu-tiny-llama\"\n\n"
+            "[[replicas]]\nurl = \"{u}\"\nname = \"vllm-{i}\"\nclass = \"{class}\"\n\n"
         ));
     }
     s
+}
+
+impl Env {
+    /// The model server `i` serves (the basename of its model dir, from the run dir's
+    /// `server-I.model`; `tiny-llama` when unknown).
+    pub fn model_of(&self, i: usize) -> String {
+        self.run_dir
+            .as_ref()
+            .and_then(|d| {
+                let k = server_index(d, &self.urls[i]);
+                fs::read_to_string(d.join(format!("server-{k}.model"))).ok()
+            })
+            .and_then(|m| {
+                Path::new(m.trim())
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| MODEL.to_string())
+    }
+
+    /// The router class of server `i`.
+    pub fn class_of(&self, i: usize) -> String {
+        format!("cpu-{}", self.model_of(i))
+    }
 }
 
 /// A `headroom serve` child process; killed and reaped on drop.
@@ -322,6 +347,20 @@ pub struct Streamed {
     pub transport_error: Option<String>,
     pub predicted_ttft_ms: Option<f64>,
     pub headers: HashMap<String, String>,
+    /// The engine's per-request timings from the final usage chunk (vLLM
+    /// `--enable-per-request-metrics`), when the client asked for usage.
+    pub engine_ttft_ms: Option<f64>,
+    pub engine_itl_ms: Option<f64>,
+    /// Each read that carried content: seconds from sending, and the completion tokens
+    /// so far by the chunks' own usage (when the client asked for per-chunk usage).
+    pub reads: Vec<(f64, u32)>,
+}
+
+impl Streamed {
+    /// A numeric response header.
+    pub fn header_f64(&self, name: &str) -> Option<f64> {
+        self.headers.get(name).and_then(|v| v.parse().ok())
+    }
 }
 
 impl Streamed {
@@ -393,6 +432,8 @@ pub async fn stream(url: &str, body: &Value, headers: &[(&str, &str)]) -> Stream
             }
         };
         let now = t0.elapsed().as_secs_f64();
+        let events_before = out.content_events;
+        let mut tokens = out.reads.last().map_or(0, |r| r.1);
         let text = String::from_utf8_lossy(&chunk);
         out.raw.push_str(&text);
         pending.push_str(&text);
@@ -411,8 +452,15 @@ pub async fn stream(url: &str, body: &Value, headers: &[(&str, &str)]) -> Stream
                 if v["usage"].is_object() {
                     out.usage = Some(v["usage"].clone());
                 }
+                if let Some(m) = v["metrics"].as_object() {
+                    out.engine_ttft_ms = m.get("time_to_first_token_ms").and_then(Value::as_f64);
+                    out.engine_itl_ms = m.get("mean_itl_ms").and_then(Value::as_f64);
+                }
                 match v["choices"].as_array() {
                     Some(c) if !c.is_empty() => {
+                        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                            tokens = tokens.max(n as u32);
+                        }
                         out.content_events += 1;
                         out.first_content_s.get_or_insert(now);
                         out.last_content_s = Some(now);
@@ -422,6 +470,9 @@ pub async fn stream(url: &str, body: &Value, headers: &[(&str, &str)]) -> Stream
                 }
             }
             out.data.push(data);
+        }
+        if out.content_events > events_before {
+            out.reads.push((now, tokens));
         }
     }
     out
