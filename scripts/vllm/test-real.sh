@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The router's integration suite against REAL vLLM (CPU build, tiny local model).
 #
-# Prepares the cached venv and model (installs on a fresh machine, ~1 s after), starts
-# two vLLM servers while the test binary builds, runs router/tests/real_vllm.rs
-# against them one test at a time, and always stops the servers.
+# Prepares the cached venv and models (installs on a fresh machine, ~1 s after), starts
+# two vLLM servers of different speed while the test binary builds — the tiny model and
+# its big variant (same tokenizer, served under one name) — runs
+# router/tests/real_vllm.rs against them one test at a time, and always stops them.
 #
 # Usage: scripts/vllm/test-real.sh [extra libtest args, e.g. a test name filter]
 # Env:   HEADROOM_CACHE, HEADROOM_VLLM_TIMEOUT (see start.sh), CARGO_TARGET_DIR,
-#        HEADROOM_REAL_VLLM_KEEP=1 keeps the run dir (server logs) after a pass.
+#        HEADROOM_REAL_VLLM_KEEP=1 keeps the run dir (server logs) after a pass,
+#        HEADROOM_REAL_VLLM_ACCURACY=full runs t4b's full accuracy mode (~15 min).
 # Exports to the tests: HEADROOM_REAL_VLLM=1, HEADROOM_VLLM_URLS (comma-separated),
 #        HEADROOM_VLLM_RUN_DIR (start.sh run dir: pid and port files, logs),
 #        HEADROOM_VLLM_TOKENIZER (the tokenizer.json the servers use).
@@ -53,8 +55,11 @@ MODEL_DIR="$("$HERE/prepare.sh" | tail -n 1)"
 log "model: $MODEL_DIR"
 
 # Servers take 1-3 minutes to start; build the tests meanwhile.
-log "starting 2 vLLM servers (log: $WORK/start.log)"
-HEADROOM_VLLM_RUN_DIR="$SERVERS" "$HERE/start.sh" 2 >"$WORK/start.out" 2>"$WORK/start.log" &
+BIG_DIR="$(dirname "$MODEL_DIR")/tiny-llama-big"
+[[ -f "$BIG_DIR/config.json" ]] || { log "ERROR: no big model in '$BIG_DIR'"; exit 1; }
+log "starting 2 vLLM servers, $(basename "$MODEL_DIR") and $(basename "$BIG_DIR") (log: $WORK/start.log)"
+HEADROOM_VLLM_MODELS="$MODEL_DIR,$BIG_DIR" HEADROOM_VLLM_RUN_DIR="$SERVERS" \
+    "$HERE/start.sh" 2 >"$WORK/start.out" 2>"$WORK/start.log" &
 start_pid=$!
 
 log "building the test binary"
