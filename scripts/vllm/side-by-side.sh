@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Headroom against the PyPI routers `vllm-router` and `sglang-router` on the same two
-# real vLLM (CPU) servers, same workload, one run: SLO attainment, TTFT/TPOT p50/p95,
-# router CPU and peak RSS, written by `headroom-bench live` to OUT/side_by_side.md.
+# Headroom (`slo` and `token-load`) against the PyPI routers `vllm-router` and
+# `sglang-router` (`cache_aware`) on the same two real vLLM (CPU) servers of different
+# speed — the tiny model and its big variant, one name — same workload, one run: SLO
+# attainment, TTFT/TPOT p50/p95, router CPU and peak RSS, written by
+# `headroom-bench live` to OUT/side_by_side.md.
 #
 # Usage: scripts/vllm/side-by-side.sh [OUT]   (default: bench/results/real-vllm)
 # Env: HEADROOM_SBS_WORKLOAD (generator spec), HEADROOM_SBS_SLO (`ttft=…,tpot=…`, ms),
-#      HEADROOM_CACHE (venvs and model, as scripts/vllm/setup.sh).
+#      HEADROOM_SBS_WARMUP_S (seconds of each replay not scored; the router learns),
+#      HEADROOM_SBS_SYSTEMS (which to run, default all four),
+#      HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
 #
-# Every system routes to the same servers in turn; the servers are started once, so
-# later systems see warmer prefix caches only for prompts they share with earlier ones
-# (each system's workload uses its own seed-stable prompts; see the report's note).
+# Every system routes to the same servers in turn; the servers are started once and
+# their prefix caches reset before each system (vLLM's dev endpoint), so none inherits
+# another's cached prompts.
 # Everything started here is stopped on exit, also on failure or Ctrl-C.
 set -euo pipefail
 
@@ -19,12 +23,14 @@ CACHE="${HEADROOM_CACHE:-$HOME/.cache/headroom}"
 OUT="${1:-$ROOT/bench/results/real-vllm}"
 WORKLOAD="${HEADROOM_SBS_WORKLOAD:-poisson:rate=1.5,duration=60,input=lognormal(600,0.6),output=lognormal(64,0.5),prompts=4,prompt_blocks=4,block=64,seed=3}"
 SLO="${HEADROOM_SBS_SLO:-ttft=1500,tpot=60}"
+WARMUP="${HEADROOM_SBS_WARMUP_S:-0}"
+SYSTEMS="${HEADROOM_SBS_SYSTEMS:-headroom-slo headroom-token-load vllm-router sglang-router}"
 PY="$CACHE/py-clients/bin"
 
 log() { printf '[side-by-side %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-"$HERE/setup.sh" >&2
+MODEL_DIR="$("$HERE/prepare.sh" | tail -n 1)"
 "$ROOT/scripts/py/setup-clients.sh" >&2
 (cd "$ROOT" && cargo build --release -q -p headroom -p headroom-bench) || die "build failed"
 BIN="$ROOT/target/release"
@@ -38,7 +44,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-RUN="$("$HERE/start.sh" 2 | tail -n 1)"
+RUN="$(HEADROOM_VLLM_DEV_MODE=1 HEADROOM_VLLM_MODELS="$MODEL_DIR,$(dirname "$MODEL_DIR")/tiny-llama-big" \
+    "$HERE/start.sh" 2 | tail -n 1)"
 mapfile -t URLS < "$RUN/servers.txt"
 log "servers: ${URLS[*]}"
 mkdir -p "$OUT"
@@ -57,6 +64,8 @@ wait_up() { # URL PATH
 # One system: start its router (command in "$@"), replay the workload through it, stop it.
 measure() { # LABEL PORT CMD...
     local label="$1" port="$2"; shift 2
+    log "$label: resetting the servers' prefix caches"
+    for u in "${URLS[@]}"; do curl -sf -X POST "$u/reset_prefix_cache" >/dev/null || die "reset_prefix_cache on $u"; done
     log "$label: starting"
     "$@" > "$OUT/$label.log" 2>&1 &
     ROUTER_PID=$!
@@ -65,7 +74,7 @@ measure() { # LABEL PORT CMD...
     log "$label: replaying $WORKLOAD"
     "$BIN/headroom-bench" live --target "http://127.0.0.1:$port" --label "$label" \
         --target-pid "$ROUTER_PID" --workload "$WORKLOAD" --slo "$SLO" --model tiny-llama \
-        --max-model-len 4096 --text-prompts --request-timeout-s 120 --out "$OUT" >&2
+        --max-model-len 4096 --text-prompts --request-timeout-s 120 --warmup-s "$WARMUP" --out "$OUT" >&2
     kill -TERM "$ROUTER_PID" 2>/dev/null || true
     wait "$ROUTER_PID" 2>/dev/null || true
     ROUTER_PID=""
@@ -75,17 +84,24 @@ CONF="$OUT/headroom.toml"
 {
     printf '[prefix]\nblock_tokens = 32\n\n'
     for i in "${!URLS[@]}"; do
-        printf '[[replicas]]\nurl = "%s"\nname = "vllm-%s"\nclass = "cpu-tiny-llama"\n\n' "${URLS[$i]}" "$i"
+        # A class per model: the two servers differ in speed.
+        printf '[[replicas]]\nurl = "%s"\nname = "vllm-%s"\nclass = "cpu-%s"\n\n' \
+            "${URLS[$i]}" "$i" "$(basename "$(cat "$RUN/server-$i.model")")"
     done
 } > "$CONF"
 
-P=$(free_port); measure headroom-slo "$P" "$BIN/headroom" serve --config "$CONF" --listen "127.0.0.1:$P" --policy slo
-P=$(free_port); Q=$(free_port)
-measure vllm-router "$P" "$PY/vllm-router" --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
-    --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q"
-P=$(free_port); Q=$(free_port)
-measure sglang-router "$P" "$PY/sglang-router" launch --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
-    --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q"
+for sys in $SYSTEMS; do
+    P=$(free_port); Q=$(free_port)
+    case "$sys" in
+        headroom-slo) measure "$sys" "$P" "$BIN/headroom" serve --config "$CONF" --listen "127.0.0.1:$P" --policy slo ;;
+        headroom-token-load) measure "$sys" "$P" "$BIN/headroom" serve --config "$CONF" --listen "127.0.0.1:$P" --policy token-load ;;
+        vllm-router) measure "$sys" "$P" "$PY/vllm-router" --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
+            --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
+        sglang-router) measure "$sys" "$P" "$PY/sglang-router" launch --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
+            --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
+        *) die "unknown system $sys (headroom-slo, headroom-token-load, vllm-router, sglang-router)" ;;
+    esac
+done
 
 log "wrote $OUT/side_by_side.md"
 cat "$OUT/side_by_side.md"

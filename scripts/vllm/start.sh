@@ -17,7 +17,8 @@
 #        heterogeneous pair; default HEADROOM_VLLM_MODEL),
 #      HEADROOM_VLLM_RUN_DIR (default: a new dir under ${TMPDIR:-/tmp}),
 #      HEADROOM_VLLM_TIMEOUT (seconds to healthy, default 300),
-#      HEADROOM_VLLM_EXTRA_ARGS (extra api_server flags, word-split).
+#      HEADROOM_VLLM_EXTRA_ARGS (extra api_server flags, word-split),
+#      HEADROOM_VLLM_DEV_MODE=1 (vLLM's dev endpoints, e.g. POST /reset_prefix_cache).
 #
 # Invariants: every process started here runs in $RUN/scratch/I and carries
 # HEADROOM_VLLM_RUN_ID in its environment (children inherit both); stop.sh finds and
@@ -128,6 +129,7 @@ for ((i = 0; i < N; i++)); do
             VLLM_CPU_KVCACHE_SPACE=1 \
             VLLM_CPU_OMP_THREADS_BIND="$((i % cores))" \
             VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+            VLLM_SERVER_DEV_MODE="${HEADROOM_VLLM_DEV_MODE:-0}" \
             HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$scratch/hf" \
             TMPDIR="$scratch/tmp" \
             VLLM_CACHE_ROOT="$scratch/vllm-cache" \

@@ -89,6 +89,10 @@ pub struct LiveArgs {
     /// Wall seconds before a request is abandoned.
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout_s: f64,
+    /// Requests arriving in the first this many model seconds are sent (the routers
+    /// learn from them) but not scored.
+    #[arg(long, default_value_t = 0.0)]
+    pub warmup_s: f64,
     /// Model seconds between load samples (0 = none).
     #[arg(long, default_value_t = 1.0)]
     pub load_sample_s: f64,
@@ -188,7 +192,12 @@ async fn live_async(a: LiveArgs) -> anyhow::Result<()> {
     }
     for (name, mode) in runs {
         eprintln!("live: {name} on {} requests …", wl.requests.len());
-        let run = run_live(options(&a, &wl, mode)).await?;
+        anyhow::ensure!(
+            a.warmup_s.is_finite() && a.warmup_s >= 0.0,
+            "--warmup-s must be a non-negative number of seconds"
+        );
+        let mut run = run_live(options(&a, &wl, mode)).await?;
+        run.warmup_s = a.warmup_s;
         if run.max_send_lag_s > 0.05 {
             eprintln!(
                 "warning: sends fell up to {:.0} ms behind schedule (raise --max-inflight?)",
@@ -199,7 +208,7 @@ async fn live_async(a: LiveArgs) -> anyhow::Result<()> {
         std::fs::write(&path, serde_json::to_string_pretty(&run)?)
             .with_context(|| format!("writing {}", path.display()))?;
         let plain = a.out.join(format!("run-{}.json", slug(&name)));
-        std::fs::write(&plain, serde_json::to_string_pretty(&run.result)?)
+        std::fs::write(&plain, serde_json::to_string_pretty(&run.scored())?)
             .with_context(|| format!("writing {}", plain.display()))?;
         eprintln!("wrote {} and {}", path.display(), plain.display());
     }
@@ -229,7 +238,7 @@ async fn live_async(a: LiveArgs) -> anyhow::Result<()> {
         settings,
         policies: all
             .into_iter()
-            .map(|r| PolicyReport::new(r.result, None))
+            .map(|r| PolicyReport::new(r.scored(), None))
             .collect(),
     };
     let files = write_report(&a.out, &report)?;
@@ -275,7 +284,7 @@ pub fn side_by_side(runs: &[LiveRun]) -> Table {
         "router peak RSS MiB",
     ]);
     for r in runs {
-        let s = RunSummary::of(&r.result);
+        let s = RunSummary::of(&r.scored());
         let cpu: f64 = r.routers.iter().map(|u| u.cpu_s).sum();
         let rss: f64 = r.routers.iter().map(|u| u.peak_rss_mib).sum();
         let has = !r.routers.is_empty();

@@ -142,9 +142,20 @@ pub struct LiveRun {
     pub failed: usize,
     /// PIDs of every process the run started (all stopped when it returns).
     pub started_pids: Vec<u32>,
+    /// Requests arriving before this (model seconds) are a warm-up: sent and learned
+    /// from, but not scored.
+    #[serde(default)]
+    pub warmup_s: f64,
 }
 
 impl LiveRun {
+    /// The result without the warm-up's requests (what attainment and latencies judge).
+    pub fn scored(&self) -> RunResult {
+        let mut r = self.result.clone();
+        r.records.retain(|x| x.arrival_s >= self.warmup_s);
+        r
+    }
+
     /// Router CPU milliseconds per request, summed over router processes.
     pub fn router_cpu_ms_per_request(&self) -> Option<f64> {
         let n = self.result.records.len();
@@ -294,6 +305,7 @@ async fn measure(
         max_send_lag_s: rep.max_send_lag_s,
         failed: rep.failed,
         started_pids: Vec::new(),
+        warmup_s: 0.0,
     })
 }
 
