@@ -162,6 +162,7 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
         cfg.models.push(ModelConfig {
             name: model.into(),
             tokenizer: Some(tok.into()),
+            chat_template: None,
         });
     }
     if cfg.replicas.is_empty() && cfg.discovery.is_none() {

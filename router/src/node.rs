@@ -14,7 +14,7 @@ use crate::{
     policy::{self, Policy, PolicyName},
     prefix::PrefixIndex,
     proxy::outcome::{Outcome, OutcomeStatus},
-    request::{ParsedRequest, PromptInput},
+    request::{Endpoint, ParsedRequest, PromptInput},
     tenant::Tenants,
     tokens::{self, PromptShape, Tokenizer},
     trainer::Trainer,
@@ -67,7 +67,9 @@ impl Node {
         let mut tokenizers = HashMap::new();
         for m in &cfg.models {
             if let Some(t) = &m.tokenizer {
-                tokenizers.insert(m.name.clone(), Tokenizer::by_name(t)?);
+                let tok = Tokenizer::from_config(t, m.chat_template.as_deref())
+                    .map_err(|e| anyhow::anyhow!("model `{}`: {e}", m.name))?;
+                tokenizers.insert(m.name.clone(), tok);
             }
         }
         let trainer = Trainer::start(
@@ -107,6 +109,13 @@ impl Node {
                     .tokenizers
                     .get(&req.model)
                     .unwrap_or(&Tokenizer::Estimate);
+                // The model's chat template renders the exact prompt (what the engine
+                // sees), so no per-message allowance applies then.
+                if req.endpoint == Endpoint::ChatCompletions
+                    && let Some(s) = tokens::shape_of_chat(tok, &req.upstream_body, block, max_blocks)
+                {
+                    return s;
+                }
                 let ratio = self
                     .text_ratio
                     .lock()
@@ -131,7 +140,7 @@ impl Node {
         let long_bpe = match &req.prompt {
             PromptInput::Text(t) => {
                 t.len() >= OFFLOAD_TOKENIZE_BYTES
-                    && matches!(self.tokenizers.get(&req.model), Some(Tokenizer::Bpe(_)))
+                    && self.tokenizers.get(&req.model).is_some_and(Tokenizer::is_real)
             }
             PromptInput::Ids(_) => false,
         };

@@ -4,7 +4,10 @@
 //! block's hash is seeded with its parent's (a chain), so a match on block `i` implies
 //! a match on every block before it.
 
-use std::sync::{Arc, OnceLock};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
+};
 
 use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -25,6 +28,9 @@ const EST_BLOCK_BYTES_PER_TOKEN: usize = 4;
 pub enum Tokenizer {
     /// A real BPE tokenizer.
     Bpe(Arc<CoreBPE>),
+    /// The served model's own Hugging Face tokenizer (and chat template): counts and
+    /// block boundaries equal the engine's.
+    Hf(Arc<HfTokenizer>),
     /// Bytes / (bytes per token), with byte-chunk block hashing: cheap, approximate;
     /// the ratio is learned per model from the replicas' usage reports.
     Estimate,
@@ -34,6 +40,7 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Tokenizer::Bpe(_) => f.write_str("Tokenizer::Bpe"),
+            Tokenizer::Hf(h) => write!(f, "Tokenizer::Hf({})", h.path.display()),
             Tokenizer::Estimate => f.write_str("Tokenizer::Estimate"),
         }
     }
@@ -42,10 +49,72 @@ impl std::fmt::Debug for Tokenizer {
 /// Errors naming a tokenizer.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("unknown tokenizer `{0}` (expected cl100k, o200k or estimate)")]
+    #[error(
+        "unknown tokenizer `{0}` (expected cl100k, o200k, estimate or hf:/path/to/tokenizer.json)"
+    )]
     Unknown(String),
     #[error("failed to load tokenizer `{0}`: {1}")]
     Load(String, String),
+    #[error("tokenizer file `{path}`: {why}")]
+    File { path: PathBuf, why: String },
+    #[error("chat template for tokenizer `{tokenizer}`: {source}")]
+    Chat {
+        tokenizer: PathBuf,
+        source: crate::chat::ChatError,
+    },
+    #[error("`chat_template` needs an `hf:` tokenizer, not `{0}`")]
+    TemplateWithoutHf(String),
+}
+
+/// A Hugging Face `tokenizer.json` with the model's chat template, if it has one.
+pub struct HfTokenizer {
+    tok: tokenizers::Tokenizer,
+    /// None: the chat path counts the flattened messages plus a per-message allowance.
+    pub chat: Option<crate::chat::ChatTemplate>,
+    pub path: PathBuf,
+}
+
+impl HfTokenizer {
+    /// Loads `tokenizer.json` and the chat template (see
+    /// [`crate::chat::ChatTemplate::discover`]). Reads local files only.
+    pub fn load(path: &Path, chat_template: Option<&Path>) -> Result<Self, TokenizerError> {
+        let file_err = |why: String| TokenizerError::File {
+            path: path.to_path_buf(),
+            why,
+        };
+        let bytes = std::fs::read(path).map_err(|e| file_err(e.to_string()))?;
+        let mut tok = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| file_err(format!("not a tokenizer.json: {e}")))?;
+        // A tokenizer.json may carry truncation or padding settings; vLLM counts the
+        // whole prompt, unpadded.
+        tok.with_truncation(None)
+            .map_err(|e| file_err(e.to_string()))?;
+        tok.with_padding(None);
+        let chat = crate::chat::ChatTemplate::discover(path, chat_template).map_err(|source| {
+            TokenizerError::Chat {
+                tokenizer: path.to_path_buf(),
+                source,
+            }
+        })?;
+        Ok(HfTokenizer {
+            tok,
+            chat,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Token ids of `text`; `special`: add the tokenizer's special tokens (BOS...),
+    /// as vLLM does for completions (`add_special_tokens` true) and not for rendered
+    /// chat (the template writes them). None if the tokenizer fails on the text.
+    pub fn encode(&self, text: &str, special: bool) -> Option<Vec<u32>> {
+        match self.tok.encode_fast(text, special) {
+            Ok(enc) => Some(enc.get_ids().to_vec()),
+            Err(e) => {
+                tracing::debug!(tokenizer = %self.path.display(), "tokenizer failed: {e}");
+                None
+            }
+        }
+    }
 }
 
 static CL100K: OnceLock<Result<Arc<CoreBPE>, String>> = OnceLock::new();
@@ -66,6 +135,49 @@ impl Tokenizer {
             "o200k" | "o200k_base" => load(&O200K, tiktoken_rs::o200k_base),
             "estimate" => Ok(Tokenizer::Estimate),
             other => Err(TokenizerError::Unknown(other.to_string())),
+        }
+    }
+
+    /// A model's tokenizer from its config: a name (see [`Tokenizer::by_name`]) or
+    /// `hf:PATH` to a `tokenizer.json`, with an optional chat template file (only for
+    /// `hf:`; without one the template is looked up beside the tokenizer).
+    pub fn from_config(spec: &str, chat_template: Option<&Path>) -> Result<Self, TokenizerError> {
+        match spec.strip_prefix("hf:") {
+            Some(path) => Ok(Tokenizer::Hf(Arc::new(HfTokenizer::load(
+                Path::new(path),
+                chat_template,
+            )?))),
+            None if chat_template.is_some() => Err(TokenizerError::TemplateWithoutHf(spec.into())),
+            None => Self::by_name(spec),
+        }
+    }
+
+    /// Whether measuring a long text costs real CPU (worth the blocking pool).
+    pub fn is_real(&self) -> bool {
+        !matches!(self, Tokenizer::Estimate)
+    }
+}
+
+/// Shape of a chat request rendered through the model's chat template, tokenized as
+/// vLLM tokenizes it. None when the tokenizer has no template or this request cannot
+/// be rendered exactly (media parts, a template that raises): the caller estimates.
+pub fn shape_of_chat(
+    tok: &Tokenizer,
+    body: &[u8],
+    block_tokens: usize,
+    max_blocks: usize,
+) -> Option<PromptShape> {
+    let Tokenizer::Hf(h) = tok else {
+        return None;
+    };
+    let chat = h.chat.as_ref()?;
+    match chat.render_body(body) {
+        Ok((text, special)) => h
+            .encode(&text, special)
+            .map(|ids| shape_of_ids(&ids, block_tokens, max_blocks)),
+        Err(e) => {
+            tracing::debug!(template = %chat.source.display(), "chat prompt estimated: {e}");
+            None
         }
     }
 }
@@ -118,6 +230,17 @@ pub fn shape_of_text(
             let ids = bpe.encode_ordinary(text);
             shape_of_ids(&ids, block_tokens, max_blocks)
         }
+        // vLLM's completions path adds special tokens (BOS) to a text prompt.
+        Tokenizer::Hf(h) => match h.encode(text, true) {
+            Some(ids) => shape_of_ids(&ids, block_tokens, max_blocks),
+            None => shape_of_text(
+                &Tokenizer::Estimate,
+                text,
+                block_tokens,
+                max_blocks,
+                bytes_per_token,
+            ),
+        },
         Tokenizer::Estimate => {
             let bytes = text.as_bytes();
             let ratio = if bytes_per_token.is_finite() && bytes_per_token >= 0.5 {

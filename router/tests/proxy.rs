@@ -351,6 +351,7 @@ async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
         c.models.push(ModelConfig {
             name: "m".into(),
             tokenizer: Some("cl100k".into()),
+            chat_template: None,
         })
     })
     .await;
