@@ -710,3 +710,215 @@ fn tojson(value: Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, 
     }
     Ok(Value::from_safe_string(s))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LLAMA3: &str = include_str!("../tests/fixtures/chat/llama3.jinja");
+    const QWEN25: &str = include_str!("../tests/fixtures/chat/qwen2.5.jinja");
+
+    fn template(src: &str, special: &[(&str, &str)]) -> ChatTemplate {
+        ChatTemplate::compile(
+            PathBuf::from("test.jinja"),
+            vec![(DEFAULT.into(), src.into())],
+            special
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    fn render(t: &ChatTemplate, body: serde_json::Value) -> Result<String, ChatError> {
+        t.render_body(&serde_json::to_vec(&body).unwrap())
+            .map(|(s, _)| s)
+    }
+
+    #[test]
+    fn llama3_renders_bos_headers_trimmed_content_and_the_generation_prompt() {
+        let t = template(LLAMA3, &[("bos_token", "<|begin_of_text|>")]);
+        let got = render(
+            &t,
+            json!({"model":"m","messages":[
+                {"role":"system","content":"Be brief."},
+                {"role":"user","content":"  Hi there \n"}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+             <|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        let no_prompt = render(
+            &t,
+            json!({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}),
+        )
+        .unwrap();
+        assert_eq!(
+            no_prompt,
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>"
+        );
+    }
+
+    #[test]
+    fn chatml_renders_system_default_and_joined_text_parts() {
+        let t = template(QWEN25, &[]);
+        assert_eq!(
+            render(
+                &t,
+                json!({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]})
+            )
+            .unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        // vLLM joins text parts with a newline for string-content templates.
+        assert_eq!(
+            render(
+                &t,
+                json!({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})
+            )
+            .unwrap(),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+             <|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn chatml_tools_and_tool_calls_render_like_vllm_in_the_clients_key_order() {
+        let t = template(QWEN25, &[]);
+        // Keys deliberately out of alphabetical order: Python keeps insertion order.
+        let body = r#"{"model":"m","tools":[{"type":"function","function":{"name":"get_weather",
+            "parameters":{"type":"object","properties":{"unit":{"type":"string"},"city":{"type":"string"}}}}}],
+            "messages":[{"role":"user","content":"Weather in Paris?"},
+              {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+                "function":{"name":"get_weather","arguments":"{\"unit\": \"c\", \"city\": \"Paris\"}"}}]},
+              {"role":"tool","tool_call_id":"c1","content":"21"}]}"#;
+        let (got, special) = t.render_body(body.as_bytes()).unwrap();
+        assert!(!special, "chat prompts are tokenized without added specials");
+        let want = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n\
+# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
+{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": null, \"parameters\": \
+{\"type\": \"object\", \"properties\": {\"unit\": {\"type\": \"string\"}, \"city\": {\"type\": \"string\"}}}}}\n</tools>\n\n\
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n\
+<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n\
+<|im_start|>user\nWeather in Paris?<|im_end|>\n\
+<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\", \"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
+<|im_start|>user\n<tool_response>\n21\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn what_cannot_be_rendered_is_an_error_not_a_guess() {
+        let t = template(QWEN25, &[]);
+        let image = render(
+            &t,
+            json!({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}),
+        )
+        .unwrap_err();
+        assert!(image.to_string().contains("image_url"), "{image}");
+        let no_role = render(&t, json!({"messages":[{"content":"x"}]})).unwrap_err();
+        assert!(no_role.to_string().contains("role"), "{no_role}");
+        let strict = template(
+            "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
+            &[],
+        );
+        let e = render(&strict, json!({"messages":[{"role":"system","content":"x"}]})).unwrap_err();
+        assert!(e.to_string().contains("first must be user"), "{e}");
+        assert_eq!(
+            render(&strict, json!({"messages":[{"role":"user","content":"x"}]})).unwrap(),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn python_helpers_hf_templates_use() {
+        let t = template(
+            "{{ messages[0].content.strip() }}|{{ messages[0].content.split(',')[1] }}|\
+             {{ {'b': 1, 'a': [1, 2]} | tojson }}|{{ {'b': 1, 'a': []} | tojson(indent=2) }}|\
+             {{ 'é<&>' | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}|\
+             {% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.role }}{% endfor %}",
+            &[],
+        );
+        let got = render(
+            &t,
+            json!({"messages":[{"role":"user","content":" a,b "},{"role":"assistant","content":"y"}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            "a,b|b |{\"b\": 1, \"a\": [1, 2]}|{\n  \"b\": 1,\n  \"a\": []\n}|\"é<&>\"|\"\\u00e9\"|assistant"
+        );
+        let date = template("{{ strftime_now('%Y') }}", &[]);
+        let year = render(&date, json!({"messages":[{"role":"user","content":"x"}]})).unwrap();
+        assert_eq!(year, jiff::Zoned::now().year().to_string());
+    }
+
+    #[test]
+    fn continue_final_message_stops_after_its_text() {
+        let t = template(QWEN25, &[]);
+        let got = render(
+            &t,
+            json!({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hel"}],
+                   "add_generation_prompt":false,"continue_final_message":true}),
+        )
+        .unwrap();
+        assert!(got.ends_with("<|im_start|>assistant\nHel"), "{got:?}");
+    }
+
+    #[test]
+    fn content_format_follows_whether_the_template_loops_over_content() {
+        assert_eq!(detect_content_format(QWEN25), ContentFormat::String);
+        assert_eq!(detect_content_format(LLAMA3), ContentFormat::String);
+        let vl = "{% for m in messages %}{%- for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}";
+        assert_eq!(detect_content_format(vl), ContentFormat::OpenAi);
+        let t = template(vl, &[]);
+        assert_eq!(
+            render(
+                &t,
+                json!({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+                                   {"role":"user","content":"c"}]})
+            )
+            .unwrap(),
+            "abc"
+        );
+    }
+
+    #[test]
+    fn named_templates_pick_tool_use_when_tools_are_given() {
+        let t = ChatTemplate::compile(
+            PathBuf::from("x"),
+            vec![
+                ("default".into(), "plain".into()),
+                ("tool_use".into(), "tools".into()),
+            ],
+            IndexMap::new(),
+        )
+        .unwrap();
+        let msgs = json!([{"role":"user","content":"x"}]);
+        assert_eq!(render(&t, json!({"messages": msgs})).unwrap(), "plain");
+        assert_eq!(
+            render(
+                &t,
+                json!({"messages": msgs, "tools":[{"type":"function","function":{"name":"f"}}]})
+            )
+            .unwrap(),
+            "tools"
+        );
+    }
+
+    #[test]
+    fn a_template_that_does_not_compile_names_its_file() {
+        let e = ChatTemplate::compile(
+            PathBuf::from("/models/x/tokenizer_config.json"),
+            vec![(DEFAULT.into(), "{% for m in messages %}".into())],
+            IndexMap::new(),
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("/models/x/tokenizer_config.json") && s.contains("does not compile"), "{s}");
+    }
+}
