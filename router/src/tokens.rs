@@ -326,6 +326,145 @@ mod tests {
         assert_eq!(shape_of_text(&t, &text, 16, 100, f64::NAN).tokens, 250);
     }
 
+    /// The captured real-vLLM responses and the tokenizer they came from.
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/vllm/fixtures")
+    }
+
+    fn fixture(name: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(fixtures().join(name)).unwrap()).unwrap()
+    }
+
+    /// The template `scripts/vllm/make-tiny-model.py` writes into tokenizer_config.json.
+    const TINY_TEMPLATE: &str = "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}";
+
+    /// A model dir like the tiny model's: tokenizer.json and tokenizer_config.json.
+    fn tiny_model_dir(config: Option<serde_json::Value>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            fixtures().join("tiny-llama-tokenizer.json"),
+            dir.path().join("tokenizer.json"),
+        )
+        .unwrap();
+        if let Some(c) = config {
+            std::fs::write(
+                dir.path().join("tokenizer_config.json"),
+                serde_json::to_vec(&c).unwrap(),
+            )
+            .unwrap();
+        }
+        dir
+    }
+
+    fn hf(dir: &Path) -> Tokenizer {
+        let spec = format!("hf:{}", dir.join("tokenizer.json").display());
+        Tokenizer::from_config(&spec, None).unwrap()
+    }
+
+    #[test]
+    fn hf_tokenizer_counts_what_vllm_reported_for_completions_and_chat() {
+        let dir = tiny_model_dir(Some(serde_json::json!({
+            "bos_token": "<s>", "eos_token": "</s>", "chat_template": TINY_TEMPLATE
+        })));
+        let tok = hf(dir.path());
+        let index = fixture("index.json");
+        // Completions: vLLM's /tokenize ids (BOS first) and usage.prompt_tokens.
+        let prompt = index["completion.json"]["request"]["prompt"].as_str().unwrap();
+        let Tokenizer::Hf(h) = &tok else {
+            panic!("not hf")
+        };
+        let want_ids: Vec<u32> = fixture("tokenize.json")["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(h.encode(prompt, true).unwrap(), want_ids);
+        let s = shape_of_text(&tok, prompt, 4, 100, 4.0);
+        assert_eq!(
+            s.tokens as u64,
+            fixture("completion.json")["usage"]["prompt_tokens"]
+                .as_u64()
+                .unwrap()
+        );
+        assert_eq!(s, shape_of_ids(&want_ids, 4, 100), "blocks over vLLM's ids");
+        // Chat: rendered through the template, no specials added.
+        let body = serde_json::to_vec(&index["chat.json"]["request"]).unwrap();
+        let chat = shape_of_chat(&tok, &body, 16, 100).expect("renders");
+        assert_eq!(
+            chat.tokens as u64,
+            fixture("chat.json")["usage"]["prompt_tokens"]
+                .as_u64()
+                .unwrap()
+        );
+        assert_eq!(chat.blocks.len(), chat.tokens as usize / 16);
+        // The streamed chat reported the same count.
+        let sse = std::fs::read_to_string(fixtures().join("chat-stream-usage.sse")).unwrap();
+        assert!(
+            sse.contains(&format!("\"prompt_tokens\":{}", chat.tokens)),
+            "{sse}"
+        );
+    }
+
+    #[test]
+    fn hf_without_a_template_leaves_chat_to_the_estimate() {
+        let dir = tiny_model_dir(None);
+        let tok = hf(dir.path());
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        assert!(shape_of_chat(&tok, body, 16, 100).is_none());
+        assert!(shape_of_chat(&Tokenizer::Estimate, body, 16, 100).is_none());
+        // Text still counts with the real vocabulary.
+        assert!(shape_of_text(&tok, "hello world", 16, 100, 4.0).tokens >= 2);
+    }
+
+    #[test]
+    fn explicit_chat_template_file_wins_over_tokenizer_config() {
+        let dir = tiny_model_dir(Some(serde_json::json!({"chat_template": TINY_TEMPLATE})));
+        let file = dir.path().join("plain.jinja");
+        std::fs::write(&file, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+        let spec = format!("hf:{}", dir.path().join("tokenizer.json").display());
+        let tok = Tokenizer::from_config(&spec, Some(&file)).unwrap();
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+        let Tokenizer::Hf(h) = &tok else {
+            panic!("not hf")
+        };
+        let s = shape_of_chat(&tok, body, 16, 100).unwrap();
+        assert_eq!(s.tokens as usize, h.encode("hello", false).unwrap().len());
+    }
+
+    #[test]
+    fn bad_tokenizer_configs_fail_naming_the_file() {
+        let err = |spec: &str, tpl: Option<&Path>| {
+            Tokenizer::from_config(spec, tpl).unwrap_err().to_string()
+        };
+        let e = err("hf:/no/such/dir/tokenizer.json", None);
+        assert!(e.contains("/no/such/dir/tokenizer.json"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("tokenizer.json");
+        std::fs::write(&garbage, "{\"not\": \"a tokenizer\"}").unwrap();
+        let e = err(&format!("hf:{}", garbage.display()), None);
+        assert!(
+            e.contains(&garbage.display().to_string()) && e.contains("not a tokenizer.json"),
+            "{e}"
+        );
+        let bad_tpl = tiny_model_dir(Some(serde_json::json!({"chat_template": "{% if %}"})));
+        let cfg = bad_tpl.path().join("tokenizer_config.json");
+        let e = err(&format!("hf:{}", bad_tpl.path().join("tokenizer.json").display()), None);
+        assert!(e.contains(&cfg.display().to_string()) && e.contains("does not compile"), "{e}");
+        let bad_json = tiny_model_dir(None);
+        std::fs::write(bad_json.path().join("tokenizer_config.json"), "{oops").unwrap();
+        let e = err(&format!("hf:{}", bad_json.path().join("tokenizer.json").display()), None);
+        assert!(e.contains("tokenizer_config.json") && e.contains("not JSON"), "{e}");
+        let plain = tiny_model_dir(None);
+        let e = err(
+            &format!("hf:{}", plain.path().join("tokenizer.json").display()),
+            Some(Path::new("/no/such/template.jinja")),
+        );
+        assert!(e.contains("/no/such/template.jinja"), "{e}");
+        let e = err("cl100k", Some(Path::new("t.jinja")));
+        assert!(e.contains("needs an `hf:` tokenizer"), "{e}");
+    }
+
     #[test]
     fn max_blocks_caps_work() {
         let ids: Vec<u32> = (0..10_000).collect();
