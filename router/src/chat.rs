@@ -105,12 +105,10 @@ impl ChatTemplate {
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Option<serde_json::Value> = if cfg_path.is_file() {
             let text = read(&cfg_path)?;
-            Some(
-                serde_json::from_str(&text).map_err(|e| ChatError::Config {
-                    path: cfg_path.clone(),
-                    why: format!("not JSON: {e}"),
-                })?,
-            )
+            Some(serde_json::from_str(&text).map_err(|e| ChatError::Config {
+                path: cfg_path.clone(),
+                why: format!("not JSON: {e}"),
+            })?)
         } else {
             None
         };
@@ -417,11 +415,17 @@ fn conversation_message(m: &Value, format: ContentFormat) -> Result<Value, Strin
         ContentFormat::OpenAi => Value::from(
             texts
                 .into_iter()
-                .map(|t| map(vec![("type", Value::from("text")), ("text", Value::from(t))]))
+                .map(|t| {
+                    map(vec![
+                        ("type", Value::from("text")),
+                        ("text", Value::from(t)),
+                    ])
+                })
                 .collect::<Vec<_>>(),
         ),
     };
-    let mut out: Vec<(&str, Value)> = vec![("role", Value::from(role.as_str())), ("content", content)];
+    let mut out: Vec<(&str, Value)> =
+        vec![("role", Value::from(role.as_str())), ("content", content)];
     match role.as_str() {
         "assistant" => {
             if let Some(calls) = attr(m, "tool_calls") {
@@ -504,12 +508,21 @@ fn normalize_tools(tools: &Value) -> Result<Value, String> {
     let mut out = Vec::new();
     for t in list {
         let f = attr(&t, "function").ok_or("each tool needs a `function`")?;
-        if attr(&f, "name").and_then(|n| n.as_str().map(str::to_string)).is_none() {
+        if attr(&f, "name")
+            .and_then(|n| n.as_str().map(str::to_string))
+            .is_none()
+        {
             return Err("each tool function needs a string `name`".into());
         }
         let mut func: IndexMap<Value, Value> = IndexMap::new();
         for k in ["name", "description", "parameters"] {
-            func.insert(Value::from(k), f.get_attr(k).ok().filter(|v| !v.is_undefined()).unwrap_or(Value::from(())));
+            func.insert(
+                Value::from(k),
+                f.get_attr(k)
+                    .ok()
+                    .filter(|v| !v.is_undefined())
+                    .unwrap_or(Value::from(())),
+            );
         }
         for k in f.try_iter().map_err(|_| "`function` must be an object")? {
             if !func.contains_key(&k) {
@@ -622,7 +635,11 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.close(w, b"]")
     }
-    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_array_value<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         self.item(w, first)
     }
     fn end_array_value<W: ?Sized + Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
@@ -635,7 +652,11 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.close(w, b"}")
     }
-    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_object_key<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         self.item(w, first)
     }
     fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
@@ -797,7 +818,10 @@ mod tests {
                 "function":{"name":"get_weather","arguments":"{\"unit\": \"c\", \"city\": \"Paris\"}"}}]},
               {"role":"tool","tool_call_id":"c1","content":"21"}]}"#;
         let (got, special) = t.render_body(body.as_bytes()).unwrap();
-        assert!(!special, "chat prompts are tokenized without added specials");
+        assert!(
+            !special,
+            "chat prompts are tokenized without added specials"
+        );
         let want = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n\
 # Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
 You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
@@ -826,7 +850,11 @@ For each function call, return a json object with function name and arguments wi
             "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
             &[],
         );
-        let e = render(&strict, json!({"messages":[{"role":"system","content":"x"}]})).unwrap_err();
+        let e = render(
+            &strict,
+            json!({"messages":[{"role":"system","content":"x"}]}),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("first must be user"), "{e}");
         assert_eq!(
             render(&strict, json!({"messages":[{"role":"user","content":"x"}]})).unwrap(),
@@ -919,6 +947,9 @@ For each function call, return a json object with function name and arguments wi
         )
         .unwrap_err();
         let s = e.to_string();
-        assert!(s.contains("/models/x/tokenizer_config.json") && s.contains("does not compile"), "{s}");
+        assert!(
+            s.contains("/models/x/tokenizer_config.json") && s.contains("does not compile"),
+            "{s}"
+        );
     }
 }

@@ -112,7 +112,8 @@ impl Node {
                 // The model's chat template renders the exact prompt (what the engine
                 // sees), so no per-message allowance applies then.
                 if req.endpoint == Endpoint::ChatCompletions
-                    && let Some(s) = tokens::shape_of_chat(tok, &req.upstream_body, block, max_blocks)
+                    && let Some(s) =
+                        tokens::shape_of_chat(tok, &req.upstream_body, block, max_blocks)
                 {
                     return s;
                 }
@@ -140,7 +141,10 @@ impl Node {
         let long_bpe = match &req.prompt {
             PromptInput::Text(t) => {
                 t.len() >= OFFLOAD_TOKENIZE_BYTES
-                    && self.tokenizers.get(&req.model).is_some_and(Tokenizer::is_real)
+                    && self
+                        .tokenizers
+                        .get(&req.model)
+                        .is_some_and(Tokenizer::is_real)
             }
             PromptInput::Ids(_) => false,
         };

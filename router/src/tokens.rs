@@ -369,7 +369,9 @@ mod tests {
         let tok = hf(dir.path());
         let index = fixture("index.json");
         // Completions: vLLM's /tokenize ids (BOS first) and usage.prompt_tokens.
-        let prompt = index["completion.json"]["request"]["prompt"].as_str().unwrap();
+        let prompt = index["completion.json"]["request"]["prompt"]
+            .as_str()
+            .unwrap();
         let Tokenizer::Hf(h) = &tok else {
             panic!("not hf")
         };
@@ -449,12 +451,24 @@ mod tests {
         );
         let bad_tpl = tiny_model_dir(Some(serde_json::json!({"chat_template": "{% if %}"})));
         let cfg = bad_tpl.path().join("tokenizer_config.json");
-        let e = err(&format!("hf:{}", bad_tpl.path().join("tokenizer.json").display()), None);
-        assert!(e.contains(&cfg.display().to_string()) && e.contains("does not compile"), "{e}");
+        let e = err(
+            &format!("hf:{}", bad_tpl.path().join("tokenizer.json").display()),
+            None,
+        );
+        assert!(
+            e.contains(&cfg.display().to_string()) && e.contains("does not compile"),
+            "{e}"
+        );
         let bad_json = tiny_model_dir(None);
         std::fs::write(bad_json.path().join("tokenizer_config.json"), "{oops").unwrap();
-        let e = err(&format!("hf:{}", bad_json.path().join("tokenizer.json").display()), None);
-        assert!(e.contains("tokenizer_config.json") && e.contains("not JSON"), "{e}");
+        let e = err(
+            &format!("hf:{}", bad_json.path().join("tokenizer.json").display()),
+            None,
+        );
+        assert!(
+            e.contains("tokenizer_config.json") && e.contains("not JSON"),
+            "{e}"
+        );
         let plain = tiny_model_dir(None);
         let e = err(
             &format!("hf:{}", plain.path().join("tokenizer.json").display()),
