@@ -112,20 +112,34 @@ impl ChatTemplate {
         } else {
             None
         };
+        // transformers also reads special_tokens_map.json; tokenizer_config.json wins.
+        let map_path = dir.join("special_tokens_map.json");
+        let token_map: Option<serde_json::Value> = if map_path.is_file() {
+            Some(
+                serde_json::from_str(&read(&map_path)?).map_err(|e| ChatError::Config {
+                    path: map_path.clone(),
+                    why: format!("not JSON: {e}"),
+                })?,
+            )
+        } else {
+            None
+        };
         let mut special = IndexMap::new();
-        if let Some(serde_json::Value::Object(o)) = &cfg {
-            for key in [
-                "bos_token",
-                "eos_token",
-                "unk_token",
-                "sep_token",
-                "pad_token",
-                "cls_token",
-                "mask_token",
-            ] {
-                if let Some(t) = o.get(key).and_then(token_text) {
-                    special.insert(key.to_string(), t);
-                }
+        for key in [
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "sep_token",
+            "pad_token",
+            "cls_token",
+            "mask_token",
+        ] {
+            let found = [&cfg, &token_map]
+                .into_iter()
+                .flatten()
+                .find_map(|src| src.get(key).and_then(token_text));
+            if let Some(t) = found {
+                special.insert(key.to_string(), t);
             }
         }
         let jinja_file = dir.join("chat_template.jinja");
@@ -936,6 +950,36 @@ For each function call, return a json object with function name and arguments wi
             .unwrap(),
             "tools"
         );
+    }
+
+    #[test]
+    fn discovery_prefers_chat_template_jinja_and_reads_special_tokens_from_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = dir.path().join("tokenizer.json");
+        let none = ChatTemplate::discover(&tok, None).unwrap();
+        assert!(none.is_none(), "no template anywhere");
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"chat_template": "config:{{ bos_token }}{{ eos_token }}", "eos_token": "</s>"}"#,
+        )
+        .unwrap();
+        // An AddedToken object, as transformers writes it.
+        std::fs::write(
+            dir.path().join("special_tokens_map.json"),
+            r#"{"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "<ignored>"}"#,
+        )
+        .unwrap();
+        let body = json!({"messages":[{"role":"user","content":"x"}]});
+        let t = ChatTemplate::discover(&tok, None).unwrap().unwrap();
+        assert_eq!(render(&t, body.clone()).unwrap(), "config:<s></s>");
+        std::fs::write(
+            dir.path().join("chat_template.jinja"),
+            "jinja:{{ bos_token }}",
+        )
+        .unwrap();
+        let t = ChatTemplate::discover(&tok, None).unwrap().unwrap();
+        assert_eq!(render(&t, body).unwrap(), "jinja:<s>");
+        assert!(t.source.ends_with("chat_template.jinja"));
     }
 
     #[test]
