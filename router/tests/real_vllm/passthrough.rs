@@ -165,6 +165,14 @@ pub async fn whole_pair(env: &Env, r: &RouterProc, chat: bool) -> String {
         via.body["usage"]["prompt_tokens"], direct.body["usage"]["prompt_tokens"],
         "{kind}"
     );
+    if env.tokenizer.is_some() {
+        // The router counted with the servers' own tokenizer and template.
+        assert_eq!(
+            via.prompt_tokens,
+            via.body["usage"]["prompt_tokens"].as_u64(),
+            "{kind}: the router's prompt count"
+        );
+    }
     println!(
         "{kind} (whole) on {name}: structure equal to direct; prompt {} tokens; text same as direct: {}",
         via.body["usage"]["prompt_tokens"],
