@@ -900,6 +900,35 @@ For each function call, return a json object with function name and arguments wi
     }
 
     #[test]
+    fn qwen3_and_llama31_idioms_render() {
+        // Constructs from the Qwen3 and Llama 3.1 templates: reversed slices,
+        // namespace(), `is string`, Python string methods, `| items`, tojson(indent).
+        let t = template(
+            "{%- set ns = namespace(last_user=-1) %}\
+             {%- for m in messages[::-1] %}{%- set i = (messages|length - 1) - loop.index0 %}\
+             {%- if ns.last_user < 0 and m.role == 'user' %}{%- set ns.last_user = i %}{%- endif %}{%- endfor %}\
+             last user {{ ns.last_user }};\
+             {%- for m in messages %}{%- if m.content is string and '</think>' in m.content %}\
+             {{ m.content.split('</think>')[-1].lstrip('\\n') }}{%- endif %}{%- endfor %};\
+             {%- for c in messages[1].tool_calls %}{%- for k, v in c.function.arguments | items %}{{ k }}={{ v }},{%- endfor %}{%- endfor %};\
+             {{- tools[0] | tojson(indent=4) }}",
+            &[],
+        );
+        let got = render(
+            &t,
+            json!({"tools":[{"type":"function","function":{"name":"f"}}],
+                   "messages":[{"role":"user","content":"q"},
+                   {"role":"assistant","content":"<think>hm</think>\n\nA","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"b\": 2, \"a\": 1}"}}]},
+                   {"role":"user","content":"again"}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            "last user 2;A;b=2,a=1,;{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        \"description\": null,\n        \"parameters\": null\n    }\n}"
+        );
+    }
+
+    #[test]
     fn continue_final_message_stops_after_its_text() {
         let t = template(QWEN25, &[]);
         let got = render(
