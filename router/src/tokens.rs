@@ -151,11 +151,6 @@ impl Tokenizer {
             None => Self::by_name(spec),
         }
     }
-
-    /// Whether measuring a long text costs real CPU (worth the blocking pool).
-    pub fn is_real(&self) -> bool {
-        !matches!(self, Tokenizer::Estimate)
-    }
 }
 
 /// Shape of a chat request rendered through the model's chat template, tokenized as

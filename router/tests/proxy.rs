@@ -454,7 +454,7 @@ async fn hf_tokenizer_counts_are_exposed_per_response_streamed_or_not() {
 async fn long_chat_prompts_are_rendered_off_the_workers_exactly_as_inline() {
     use headroom::{
         config::ModelConfig,
-        node::OFFLOAD_TOKENIZE_BYTES,
+        node::OFFLOAD_HF_TOKENIZE_BYTES,
         request::{Endpoint, parse},
     };
     let dir = tiny_model_dir();
@@ -469,7 +469,7 @@ async fn long_chat_prompts_are_rendered_off_the_workers_exactly_as_inline() {
     })
     .await;
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(370);
-    assert!(text.len() >= OFFLOAD_TOKENIZE_BYTES);
+    assert!(text.len() >= OFFLOAD_HF_TOKENIZE_BYTES);
     let body = json!({"model":"m","messages":[{"role":"user","content":text}],"max_tokens":5});
     let parsed = parse(
         Endpoint::ChatCompletions,
