@@ -11,6 +11,13 @@
 //!
 //! Invariant: rendering either yields the text vLLM would build for the same request
 //! body, or an error; it never guesses. Callers fall back to the estimate on errors.
+//!
+//! Not covered (an error, so the estimate): media content parts (the engine adds
+//! placeholder tokens the router cannot see), templates using transformers'
+//! `{% generation %}` tag; and models vLLM serves with `--tokenizer-mode mistral`
+//! (mistral_common, not a Jinja template) are outside this path altogether. Content
+//! format "auto" is approximated: a template that loops over a message's `content`
+//! gets the list of parts, any other the joined string.
 
 use std::{
     io::Write,
