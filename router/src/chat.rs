@@ -13,9 +13,9 @@
 //! body, or an error; it never guesses. Callers fall back to the estimate on errors.
 //!
 //! Not covered (an error, so the estimate): media content parts (the engine adds
-//! placeholder tokens the router cannot see), templates using transformers'
-//! `{% generation %}` tag; and models vLLM serves with `--tokenizer-mode mistral`
-//! (mistral_common, not a Jinja template) are outside this path altogether. Content
+//! placeholder tokens the router cannot see). Models vLLM serves with
+//! `--tokenizer-mode mistral` (mistral_common, not a Jinja template) are outside this
+//! path altogether. Content
 //! format "auto" is approximated: a template that loops over a message's `content`
 //! gets the list of parts, any other the joined string.
 
@@ -217,6 +217,7 @@ impl ChatTemplate {
         let mut names = Vec::new();
         let mut formats = IndexMap::new();
         for (name, text) in templates {
+            let text = generation_as_if(&text);
             formats.insert(name.clone(), detect_content_format(&text));
             env.add_template_owned(name.clone(), text)
                 .map_err(|e| ChatError::Compile {
@@ -585,6 +586,39 @@ pub fn detect_content_format(template: &str) -> ContentFormat {
         rest = &rest[end..];
     }
     ContentFormat::String
+}
+
+/// transformers' `{% generation %}...{% endgeneration %}` only marks assistant text
+/// for training masks and renders its body unchanged: rewritten as `{% if true %}...
+/// {% endif %}`, keeping the tags' whitespace control, so minijinja compiles it.
+fn generation_as_if(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let Some(len) = rest[at..].find("%}") else {
+            // Unclosed: left as is for minijinja to report.
+            out.push_str(&rest[at..]);
+            return out;
+        };
+        let tag = &rest[at..at + len + 2];
+        let inner = &tag[2..tag.len() - 2];
+        let body = inner.trim_matches(['-', '+']).trim();
+        let new = match body {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match new {
+            Some(kw) => {
+                out.push_str(&tag.replacen(body, kw, 1));
+            }
+            None => out.push_str(tag),
+        }
+        rest = &rest[at + len + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The error and where in the template it happened (minijinja keeps the line).
@@ -1016,6 +1050,25 @@ For each function call, return a json object with function name and arguments wi
         let t = ChatTemplate::discover(&tok, None).unwrap().unwrap();
         assert_eq!(render(&t, body).unwrap(), "jinja:<s>");
         assert!(t.source.ends_with("chat_template.jinja"));
+    }
+
+    #[test]
+    fn generation_tags_render_their_body_unchanged() {
+        let t = template(
+            "{% for m in messages %}[{%- generation -%}\n {{ m.content }} {%- endgeneration %}]{% endfor %}",
+            &[],
+        );
+        let got = render(&t, json!({"messages":[{"role":"assistant","content":"a"}]})).unwrap();
+        assert_eq!(got, "[a]");
+        assert_eq!(
+            generation_as_if("x{%- generation %}y{% endgeneration -%}"),
+            "x{%- if true %}y{% endif -%}"
+        );
+        assert_eq!(
+            generation_as_if("{{ a }}{% if b %}c{% endif %}"),
+            "{{ a }}{% if b %}c{% endif %}"
+        );
+        assert_eq!(generation_as_if("unclosed {% tag"), "unclosed {% tag");
     }
 
     #[test]
