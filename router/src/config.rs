@@ -278,9 +278,18 @@ impl Default for PrefixConfig {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub name: String,
-    /// `cl100k`, `o200k` or `estimate`.
+    /// How prompts are counted: `cl100k`, `o200k`, `estimate` (the default), or
+    /// `hf:/path/to/tokenizer.json`, the served model's own Hugging Face tokenizer,
+    /// which makes prompt tokens and prefix blocks exact (checked at startup: a
+    /// missing or unreadable file stops the node with its path).
     #[serde(default)]
     pub tokenizer: Option<String>,
+    /// The chat template (a Jinja file) for an `hf:` tokenizer. Default: the
+    /// `chat_template.jinja` beside `tokenizer.json`, else the `chat_template` field
+    /// of the `tokenizer_config.json` beside it (which also gives `bos_token` etc.).
+    /// Without any, chat prompts count the messages' text plus 4 tokens a message.
+    #[serde(default)]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// How a request that fits nowhere is handled.

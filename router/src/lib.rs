@@ -5,6 +5,7 @@
 //! `prefix` index) → `proxy` (forwarding, retries, streaming, outcomes). Background
 //! work lives in `fleet::tasks`. `up` runs a whole local deployment.
 
+pub mod chat;
 pub mod clock;
 pub mod config;
 pub mod decide;
@@ -27,3 +28,6 @@ pub mod upstream;
 
 /// Response header naming the replica that served (or failed) a request.
 pub const REPLICA_HEADER: &str = "x-headroom-replica";
+/// Response header with the prompt tokens the router counted for the request (exact
+/// with the model's `hf:` tokenizer), sent with the prediction headers.
+pub const PROMPT_TOKENS_HEADER: &str = "x-headroom-prompt-tokens";

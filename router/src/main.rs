@@ -63,7 +63,8 @@ struct ServeArgs {
     policy: Option<PolicyName>,
     #[arg(long)]
     node_id: Option<String>,
-    /// Tokenizer for a model: `MODEL=cl100k|o200k|estimate` (repeatable).
+    /// Tokenizer for a model: `MODEL=cl100k|o200k|estimate|hf:/path/tokenizer.json`
+    /// (repeatable; `hf:` takes the chat template from the tokenizer_config.json beside it).
     #[arg(long = "tokenizer")]
     tokenizers: Vec<String>,
     /// Seed for the node's random choices.
@@ -162,6 +163,7 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
         cfg.models.push(ModelConfig {
             name: model.into(),
             tokenizer: Some(tok.into()),
+            chat_template: None,
         });
     }
     if cfg.replicas.is_empty() && cfg.discovery.is_none() {

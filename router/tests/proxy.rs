@@ -351,6 +351,7 @@ async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
         c.models.push(ModelConfig {
             name: "m".into(),
             tokenizer: Some("cl100k".into()),
+            chat_template: None,
         })
     })
     .await;
@@ -382,4 +383,137 @@ async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
         let v: Value = resp.json().await.unwrap();
         assert_eq!(v["object"], "text_completion", "{v}");
     }
+}
+
+/// The tiny model's tokenizer and template, laid out as a model directory.
+fn tiny_model_dir() -> tempfile::TempDir {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/vllm/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixtures.join("tiny-llama-tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    // As scripts/vllm/make-tiny-model.py writes it.
+    let cfg = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template":
+        "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"});
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn hf_tokenizer_counts_are_exposed_per_response_streamed_or_not() {
+    use headroom::config::ModelConfig;
+    let dir = tiny_model_dir();
+    let m = mock("m").await;
+    let spec = format!("hf:{}", dir.path().join("tokenizer.json").display());
+    let r = router(&[m.url()], PolicyName::RoundRobin, |c| {
+        c.models.push(ModelConfig {
+            name: "m".into(),
+            tokenizer: Some(spec.clone()),
+            chat_template: None,
+        })
+    })
+    .await;
+    // The requests of scripts/vllm/fixtures: real vLLM reported 16 and 32 prompt tokens.
+    let prompt = "The router sends each request where its objectives hold.";
+    let messages = json!([{"role":"system","content":"Be brief."},
+                          {"role":"user","content":"Describe a prefix cache in one line."}]);
+    for stream in [false, true] {
+        let resp = post(
+            &r.url("/v1/completions"),
+            json!({"model":"m","prompt":prompt,"max_tokens":4,"stream":stream}),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-headroom-prompt-tokens"],
+            "16",
+            "stream {stream}"
+        );
+        let resp = post(
+            &r.url("/v1/chat/completions"),
+            json!({"model":"m","messages":messages,"max_tokens":4,"stream":stream}),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-headroom-prompt-tokens"],
+            "32",
+            "stream {stream}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn long_chat_prompts_are_rendered_off_the_workers_exactly_as_inline() {
+    use headroom::{
+        config::ModelConfig,
+        node::OFFLOAD_HF_TOKENIZE_BYTES,
+        request::{Endpoint, parse},
+    };
+    let dir = tiny_model_dir();
+    let m = mock("m").await;
+    let spec = format!("hf:{}", dir.path().join("tokenizer.json").display());
+    let r = router(&[m.url()], PolicyName::RoundRobin, |c| {
+        c.models.push(ModelConfig {
+            name: "m".into(),
+            tokenizer: Some(spec.clone()),
+            chat_template: None,
+        })
+    })
+    .await;
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(370);
+    assert!(text.len() >= OFFLOAD_HF_TOKENIZE_BYTES);
+    let body = json!({"model":"m","messages":[{"role":"user","content":text}],"max_tokens":5});
+    let parsed = parse(
+        Endpoint::ChatCompletions,
+        &bytes::Bytes::from(serde_json::to_vec(&body).unwrap()),
+    )
+    .unwrap();
+    let inline = r.node.shape(&parsed);
+    let (_, off) = r.node.shape_off_worker(parsed.clone()).await.unwrap();
+    assert_eq!(off, inline, "the blocking pool measures the same prompt");
+    // The render: "<s>user\n" + text + "</s>\n<s>assistant\n" costs a handful of tokens
+    // on top of the text itself, not 4 a message on top of an estimate.
+    let plain = r.node.shape(
+        &parse(
+            Endpoint::Completions,
+            &bytes::Bytes::from(serde_json::to_vec(&json!({"model":"m","prompt":text})).unwrap()),
+        )
+        .unwrap(),
+    );
+    assert!(
+        inline.tokens > plain.tokens && inline.tokens < plain.tokens + 12,
+        "chat {} vs text {}",
+        inline.tokens,
+        plain.tokens
+    );
+}
+
+#[tokio::test]
+async fn a_missing_tokenizer_file_stops_the_node_naming_it() {
+    use headroom::{
+        config::{ModelConfig, RouterConfig},
+        node::Node,
+    };
+    let mut cfg = RouterConfig::default();
+    cfg.models.push(ModelConfig {
+        name: "m".into(),
+        tokenizer: Some("hf:/nowhere/tokenizer.json".into()),
+        chat_template: None,
+    });
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let err = Node::start(cfg, cancel.clone()).err().expect("must fail");
+    cancel.cancel();
+    let s = format!("{err:#}");
+    assert!(
+        s.contains("/nowhere/tokenizer.json") && s.contains("model `m`"),
+        "{s}"
+    );
 }

@@ -42,6 +42,18 @@ async fn t1_completions_and_chat_pass_through_intact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t1b_router_counts_prompt_tokens_exactly_as_vllm() {
+    let Some(env) = harness::env("t1b_router_counts_prompt_tokens_exactly_as_vllm") else {
+        return;
+    };
+    bounded(
+        Duration::from_secs(90),
+        passthrough::prompt_tokens_exact(&env),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t2_scraped_view_matches_each_server() {
     let Some(env) = harness::env("t2_scraped_view_matches_each_server") else {
         return;

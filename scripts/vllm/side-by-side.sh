@@ -83,6 +83,10 @@ measure() { # LABEL PORT CMD...
 CONF="$OUT/headroom.toml"
 {
     printf '[prefix]\nblock_tokens = 32\n\n'
+    # The servers' own tokenizer and chat template: exact prompt counts and blocks.
+    if [[ -f "$CACHE/tiny-llama/tokenizer.json" ]]; then
+        printf "[[models]]\nname = \"tiny-llama\"\ntokenizer = 'hf:%s'\n\n" "$CACHE/tiny-llama/tokenizer.json"
+    fi
     for i in "${!URLS[@]}"; do
         # A class per model: the two servers differ in speed.
         printf '[[replicas]]\nurl = "%s"\nname = "vllm-%s"\nclass = "cpu-%s"\n\n' \

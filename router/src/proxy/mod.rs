@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 use crate::{
-    REPLICA_HEADER, clock,
+    PROMPT_TOKENS_HEADER, REPLICA_HEADER, clock,
     decide::{self, Learn, RouteInputs, Verdict},
     error::ApiError,
     fleet::{Replica, Signal},
@@ -300,7 +300,15 @@ pub async fn forward(
                     learn: Some(target.learn),
                     ttft_learned: false,
                 };
-                return Ok(respond(&node, resp, first, &parsed, track, fallback));
+                return Ok(respond(
+                    &node,
+                    resp,
+                    first,
+                    &parsed,
+                    track,
+                    fallback,
+                    profile.prompt_tokens,
+                ));
             }
             Err(AttemptError::Retry(why, resp)) => {
                 drop(booking);
@@ -361,6 +369,7 @@ fn respond(
     parsed: &ParsedRequest,
     track: Tracking,
     fallback: Option<&'static str>,
+    prompt_tokens: u32,
 ) -> Response<AxumBody> {
     let r = track.replica.clone();
     let forecast = track.learn.map(|l| l.prediction);
@@ -392,6 +401,9 @@ fn respond(
         if let Some(fb) = fallback {
             h.insert("x-headroom-fallback", HeaderValue::from_static(fb));
         }
+        // The router's own prompt count (what it routed on), to compare with the
+        // engine's `usage.prompt_tokens`.
+        h.insert(PROMPT_TOKENS_HEADER, HeaderValue::from(prompt_tokens));
     }
     // Never let a cache or proxy buffer a token stream.
     if stream.is_some() {

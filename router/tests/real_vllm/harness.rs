@@ -34,6 +34,9 @@ pub struct Env {
     pub urls: Vec<String>,
     /// The `start.sh` run dir (pid and port files), when given.
     pub run_dir: Option<PathBuf>,
+    /// The servers' `tokenizer.json` (`HEADROOM_VLLM_TOKENIZER`): the router counts
+    /// prompts with it (`hf:`), and the template beside it, when given.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// The environment, or `None` (with a note) when the suite is not enabled.
@@ -61,8 +64,22 @@ pub fn env(test: &str) -> Option<Env> {
         );
     }
     let run_dir = std::env::var_os("HEADROOM_VLLM_RUN_DIR").map(PathBuf::from);
-    println!("{test}: against {urls:?}");
-    Some(Env { urls, run_dir })
+    let tokenizer = std::env::var_os("HEADROOM_VLLM_TOKENIZER")
+        .map(PathBuf::from)
+        .filter(|p| !p.as_os_str().is_empty());
+    if let Some(t) = &tokenizer {
+        assert!(
+            t.is_file(),
+            "HEADROOM_VLLM_TOKENIZER={} is not a file",
+            t.display()
+        );
+    }
+    println!("{test}: against {urls:?}, tokenizer {tokenizer:?}");
+    Some(Env {
+        urls,
+        run_dir,
+        tokenizer,
+    })
 }
 
 /// Runs `f` with a hard time limit; a test that hangs fails instead.
@@ -93,6 +110,15 @@ pub fn config_toml(env: &Env, listen_port: u16, policy: &str, extra: &str) -> St
     );
     s.push_str(extra);
     s.push('\n');
+    if let Some(t) = &env.tokenizer {
+        // The servers' own tokenizer and chat template (tokenizer_config.json beside
+        // it): the router's prompt counts and prefix blocks are the engine's. A TOML
+        // literal string: the path is taken as is.
+        s.push_str(&format!(
+            "[[models]]\nname = \"{MODEL}\"\ntokenizer = 'hf:{}'\n\n",
+            t.display()
+        ));
+    }
     for (i, u) in env.urls.iter().enumerate() {
         // A class per model: servers of one model on this machine share a latency model.
         let class = env.class_of(i);
@@ -291,6 +317,8 @@ pub async fn get_json(url: &str) -> Value {
 pub struct Reply {
     pub status: u16,
     pub replica: Option<String>,
+    /// The router's own prompt count (`x-headroom-prompt-tokens`).
+    pub prompt_tokens: Option<u64>,
     pub content_type: String,
     pub body: Value,
 }
@@ -306,11 +334,13 @@ pub async fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
         .unwrap_or_else(|e| panic!("POST {url}: {e}"));
     let status = resp.status().as_u16();
     let replica = header(&resp, headroom::REPLICA_HEADER);
+    let prompt_tokens = header(&resp, headroom::PROMPT_TOKENS_HEADER).and_then(|v| v.parse().ok());
     let content_type = header(&resp, "content-type").unwrap_or_default();
     let text = resp.text().await.unwrap_or_default();
     Reply {
         status,
         replica,
+        prompt_tokens,
         content_type,
         body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
     }
@@ -346,6 +376,8 @@ pub struct Streamed {
     /// The transport failed before the end.
     pub transport_error: Option<String>,
     pub predicted_ttft_ms: Option<f64>,
+    /// The router's own prompt count (`x-headroom-prompt-tokens`).
+    pub prompt_tokens: Option<u64>,
     pub headers: HashMap<String, String>,
     /// The engine's per-request timings from the final usage chunk (vLLM
     /// `--enable-per-request-metrics`), when the client asked for usage.
@@ -415,6 +447,7 @@ pub async fn stream(url: &str, body: &Value, headers: &[(&str, &str)]) -> Stream
     out.content_type = header(&resp, "content-type").unwrap_or_default();
     out.predicted_ttft_ms =
         header(&resp, "x-headroom-predicted-ttft-ms").and_then(|v| v.parse().ok());
+    out.prompt_tokens = header(&resp, headroom::PROMPT_TOKENS_HEADER).and_then(|v| v.parse().ok());
     for (k, v) in resp.headers() {
         if let Ok(v) = v.to_str() {
             out.headers.insert(k.as_str().to_string(), v.to_string());

@@ -165,6 +165,14 @@ pub async fn whole_pair(env: &Env, r: &RouterProc, chat: bool) -> String {
         via.body["usage"]["prompt_tokens"], direct.body["usage"]["prompt_tokens"],
         "{kind}"
     );
+    if env.tokenizer.is_some() {
+        // The router counted with the servers' own tokenizer and template.
+        assert_eq!(
+            via.prompt_tokens,
+            via.body["usage"]["prompt_tokens"].as_u64(),
+            "{kind}: the router's prompt count"
+        );
+    }
     println!(
         "{kind} (whole) on {name}: structure equal to direct; prompt {} tokens; text same as direct: {}",
         via.body["usage"]["prompt_tokens"],
@@ -231,6 +239,65 @@ pub async fn injected_usage_keeps_structure(env: &Env) {
             chunk_shapes(&via, true),
             chunk_shapes(&direct, true),
             "chat {chat}: the client's stream differs from the server's"
+        );
+    }
+}
+
+/// Test 1b: with the servers' tokenizer configured (`HEADROOM_VLLM_TOKENIZER`), the
+/// router's prompt count (`x-headroom-prompt-tokens`) equals vLLM's
+/// `usage.prompt_tokens` exactly: completions and chat (system, multi-turn, text
+/// parts), whole and streamed, usage asked or injected by the router.
+pub async fn prompt_tokens_exact(env: &Env) {
+    if env.tokenizer.is_none() {
+        println!("t1b: not run (HEADROOM_VLLM_TOKENIZER unset; scripts/vllm/test-real.sh sets it)");
+        return;
+    }
+    let r = RouterProc::start(env, "round-robin", "").await;
+    let text = prompts::text("t1b", 2, 50);
+    let chat = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": [{"type": "text", "text": "And then?"}, {"type": "text", "text": text}]},
+    ]);
+    let mut cases = vec![("completion", body(false, &text, 4))];
+    let mut c = body(true, "", 4);
+    c["messages"] = chat;
+    cases.push(("chat", c));
+    for (kind, b) in cases {
+        let chat = kind == "chat";
+        let via = post(&r.url(path(chat)), &b, &[]).await;
+        assert_eq!(via.status, 200, "{kind}: {:?}", via.body);
+        let engine = via.body["usage"]["prompt_tokens"].as_u64().expect("usage");
+        assert_eq!(
+            via.prompt_tokens,
+            Some(engine),
+            "{kind} (whole): router vs vLLM"
+        );
+        let asked = stream(&r.url(path(chat)), &streaming(b.clone(), true), &[]).await;
+        assert!(asked.ok(), "{kind}: {asked:?}");
+        let streamed = asked.usage.as_ref().expect("usage")["prompt_tokens"].as_u64();
+        assert_eq!(
+            streamed,
+            Some(engine),
+            "{kind}: vLLM counts the stream alike"
+        );
+        assert_eq!(
+            asked.prompt_tokens,
+            Some(engine),
+            "{kind} (stream, usage asked)"
+        );
+        // Usage injected by the router: the body vLLM sees is re-encoded; the count
+        // must not move.
+        let injected = stream(&r.url(path(chat)), &streaming(b.clone(), false), &[]).await;
+        assert!(injected.ok(), "{kind}: {injected:?}");
+        assert_eq!(
+            injected.prompt_tokens,
+            Some(engine),
+            "{kind} (stream, usage injected)"
+        );
+        println!(
+            "{kind}: router and vLLM both count {engine} prompt tokens (whole, streamed, injected usage)"
         );
     }
 }
