@@ -474,6 +474,7 @@ async fn long_chat_prompts_are_rendered_off_the_workers_exactly_as_inline() {
     let parsed = parse(
         Endpoint::ChatCompletions,
         &bytes::Bytes::from(serde_json::to_vec(&body).unwrap()),
+        true,
     )
     .unwrap();
     let inline = r.node.shape(&parsed);
@@ -485,6 +486,7 @@ async fn long_chat_prompts_are_rendered_off_the_workers_exactly_as_inline() {
         &parse(
             Endpoint::Completions,
             &bytes::Bytes::from(serde_json::to_vec(&json!({"model":"m","prompt":text})).unwrap()),
+            true,
         )
         .unwrap(),
     );
