@@ -439,7 +439,7 @@ impl RouterProbe {
         // Usage (and with it the engine's timings) reaches the client only if it asks;
         // every other request also asks for per-chunk counts, which the router then
         // passes through, so the client can time the tokens as the router does.
-        b["stream_options"] = if len % 2 == 0 {
+        b["stream_options"] = if len.is_multiple_of(2) {
             serde_json::json!({ "include_usage": true, "continuous_usage_stats": true })
         } else {
             serde_json::json!({ "include_usage": true })
