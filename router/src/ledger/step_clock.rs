@@ -25,13 +25,17 @@ pub struct StepClock {
 
 impl StepClock {
     /// `n` tokens of one stream arrived at `now_s`; its previous token came at `prev_s`.
+    /// Only a chunk of one token marks a step's end: several in one chunk were coalesced
+    /// (a stream interval, or a busy API server flushing), so their arrival says when
+    /// they were sent, not when a step ended, and the phase is used only where the
+    /// pacing is regular.
     pub fn tokens(&self, n: u32, prev_s: Option<f64>, now_s: f64) {
-        if !(now_s.is_finite() && now_s >= 0.0) || n == 0 {
+        if !(now_s.is_finite() && now_s >= 0.0) || n != 1 {
             return;
         }
         self.last_token_s.fetch_max(now_s.to_bits(), Relaxed);
         let Some(prev) = prev_s else { return };
-        let gap = (now_s - prev) / n as f64;
+        let gap = now_s - prev;
         if !(gap.is_finite() && gap > 0.0) {
             return;
         }
@@ -73,10 +77,13 @@ mod tests {
     }
 
     #[test]
-    fn tokens_read_together_share_the_gap() {
+    fn coalesced_chunks_mark_no_step() {
         let c = StepClock::default();
         c.tokens(1, None, 2.0);
-        c.tokens(4, Some(2.0), 2.1);
-        assert!((c.residual_s(2.1) - 0.025).abs() < 1e-9);
+        c.tokens(1, Some(2.0), 2.02);
+        // Four tokens in one chunk: a flush, not a step end; the phase stays the last
+        // single token's.
+        c.tokens(4, Some(2.02), 2.1);
+        assert!((c.residual_s(2.03) - 0.01).abs() < 1e-9);
     }
 }

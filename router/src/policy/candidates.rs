@@ -136,8 +136,16 @@ pub fn fill_prefix_matches(
     let mut matched = vec![0u32; cands.len()];
     prefix.match_lengths(&req.blocks, &cursors, &mut matched);
     for (c, m) in cands.iter_mut().zip(matched) {
-        // vLLM always computes at least one prompt token.
-        c.cached_tokens = (m.saturating_mul(block_tokens)).min(req.prompt_tokens.saturating_sub(1));
+        // vLLM always computes at least one prompt token, and caches whole blocks of its
+        // own size (read from its `cache_config_info`), which may be larger than ours.
+        let cached = (m.saturating_mul(block_tokens)).min(req.prompt_tokens.saturating_sub(1));
+        let engine_block = c
+            .scraped
+            .as_deref()
+            .and_then(|s| s.block_size)
+            .filter(|b| *b > 0)
+            .unwrap_or(1);
+        c.cached_tokens = cached / engine_block * engine_block;
     }
 }
 
@@ -148,7 +156,7 @@ mod tests {
     use super::*;
     use crate::{
         fleet::{ModelEntry, ServedModels},
-        policy::peers::testkit,
+        policy::{Load, peers::testkit},
     };
 
     fn params() -> CandidateParams {
@@ -167,6 +175,31 @@ mod tests {
             }],
             known: true,
         }));
+    }
+
+    #[test]
+    fn cached_estimate_is_whole_engine_blocks_and_never_the_whole_prompt() {
+        // Router blocks of 16, an engine caching blocks of 32 (its cache_config_info).
+        let r = testkit::replica(0);
+        let prefix = PrefixIndex::new(1024);
+        let blocks: Vec<u64> = (1..=6).collect();
+        prefix.record(&r.prefix_cursor, r.id, &blocks[..5], 0);
+        let mut req = testkit::req(96);
+        req.blocks = blocks;
+        let mut s = (*testkit::scraped(0.0, 0.0, 0.1)).clone();
+        s.block_size = Some(32);
+        let mut cands = vec![testkit::cand_s(&r, 0, Load::default(), Arc::new(s))];
+        fill_prefix_matches(&req, &mut cands, &prefix, 16);
+        // 5 router blocks = 80 tokens held, of which the engine caches 2 whole blocks.
+        assert_eq!(cands[0].cached_tokens, 64);
+        // A fully held prompt still computes its last token: 95 → 64 in blocks of 32.
+        prefix.record(&r.prefix_cursor, r.id, &req.blocks, 5);
+        fill_prefix_matches(&req, &mut cands, &prefix, 16);
+        assert_eq!(cands[0].cached_tokens, 64);
+        // Unknown engine block: the router's own granularity.
+        cands[0].scraped = None;
+        fill_prefix_matches(&req, &mut cands, &prefix, 16);
+        assert_eq!(cands[0].cached_tokens, 95);
     }
 
     #[test]
