@@ -140,6 +140,50 @@ pub(crate) struct ReplicaTrack {
     pub class: u64,
     pub ttft: TargetTrack,
     pub tpot: TargetTrack,
+    /// EWMA of the decode step measured from streamed tokens (ms), when it was last
+    /// measured, and how many measurements.
+    pub step_ms: f64,
+    pub step_at_s: f64,
+    pub step_n: u64,
+    /// EWMA of TPOT labels (ms): the mean step over finished decodes, the fallback when no
+    /// stream gap is fresh.
+    pub tpot_step_ms: f64,
+    pub tpot_step_n: u64,
+    /// Most requests seen decoding at once (the engine's slot cap once it saturated).
+    pub peak_running: f64,
+}
+
+/// Rate of the step-time EWMAs (≈ the last 3–5 measurements: the step moves with load).
+pub(crate) const STEP_RATE: f64 = 0.3;
+/// A stream-gap measurement older than this no longer describes the replica (seconds).
+pub(crate) const STEP_FRESH_S: f64 = 30.0;
+
+impl ReplicaTrack {
+    pub fn new(class: u64, ttft: TargetTrack, tpot: TargetTrack) -> Self {
+        Self {
+            class,
+            ttft,
+            tpot,
+            step_ms: 0.0,
+            step_at_s: f64::NEG_INFINITY,
+            step_n: 0,
+            tpot_step_ms: 0.0,
+            tpot_step_n: 0,
+            peak_running: 0.0,
+        }
+    }
+
+    /// The step time the admission wait uses at `now_s`: a fresh stream gap, else recent
+    /// TPOT labels, else `class_step_ms` (the class's, or the default).
+    pub fn step_for(&self, now_s: f64, class_step_ms: f64) -> f64 {
+        if self.step_n > 0 && now_s - self.step_at_s <= STEP_FRESH_S {
+            self.step_ms
+        } else if self.tpot_step_n > 0 {
+            self.tpot_step_ms
+        } else {
+            class_step_ms
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use crate::counters::{CounterValues, Counters};
 use crate::fastmap::FastMap;
 use crate::features::{
-    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, TPOT_DIM, TPOT_FEATURE_NAMES, TTFT_DIM,
-    TTFT_FEATURE_NAMES, all_features, ttft_features,
+    DEFAULT_STEP_MS, FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx, TPOT_DIM,
+    TPOT_FEATURE_NAMES, TTFT_DIM, TTFT_FEATURE_NAMES, all_features_on, ttft_features_on,
 };
 use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
@@ -26,6 +26,8 @@ use crate::report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 pub(crate) struct Entry {
     pub replica: u64,
     pub class: u64,
+    /// Measured step time and running peak the admission-wait feature uses.
+    pub ctx: ReplicaCtx,
     pub ttft: TargetParams<TTFT_DIM>,
     pub tpot: TargetParams<TPOT_DIM>,
 }
@@ -115,6 +117,7 @@ impl Snapshot {
                 &ct.ttft,
                 &ct.ttft_q,
                 &ct.ttft_err,
+                &ct.ttft_gate,
                 gt,
                 None,
                 now_s,
@@ -124,6 +127,7 @@ impl Snapshot {
                 &ct.tpot,
                 &ct.tpot_q,
                 &ct.tpot_err,
+                &ct.tpot_gate,
                 gp,
                 None,
                 now_s,
@@ -162,9 +166,18 @@ impl Snapshot {
                     now_s,
                 ),
             });
+            let class_step = if ct.step_n > 0 {
+                ct.step_ms
+            } else {
+                DEFAULT_STEP_MS
+            };
             classes.push(Entry {
                 replica: u64::MAX,
                 class: *id,
+                ctx: ReplicaCtx {
+                    step_ms: class_step,
+                    peak_running: 0.0,
+                },
                 ttft: t,
                 tpot: p,
             });
@@ -184,6 +197,7 @@ impl Snapshot {
                 &ct.ttft,
                 &ct.ttft_q,
                 &ct.ttft_err,
+                &ct.ttft_gate,
                 gt,
                 Some(&rt.ttft),
                 now_s,
@@ -193,6 +207,7 @@ impl Snapshot {
                 &ct.tpot,
                 &ct.tpot_q,
                 &ct.tpot_err,
+                &ct.tpot_gate,
                 gp,
                 Some(&rt.tpot),
                 now_s,
@@ -225,9 +240,18 @@ impl Snapshot {
                     now_s,
                 ),
             });
+            let class_step = if ct.step_n > 0 {
+                ct.step_ms
+            } else {
+                DEFAULT_STEP_MS
+            };
             replicas.push(Entry {
                 replica: *id,
                 class: rt.class,
+                ctx: ReplicaCtx {
+                    step_ms: rt.step_for(now_s, class_step),
+                    peak_running: rt.peak_running,
+                },
                 ttft: t,
                 tpot: p,
             });
@@ -243,6 +267,7 @@ impl Snapshot {
             Entry {
                 replica: u64::MAX,
                 class: u64::MAX,
+                ctx: ReplicaCtx::default(),
                 ttft: TargetParams {
                     theta: theta_t,
                     mult: 1.0,
@@ -337,7 +362,7 @@ impl Snapshot {
     pub fn predict(&self, key: ReplicaKey, obs: &Observation) -> Prediction {
         let e = self.entry(key);
         let d = &self.d;
-        let (xt, xp) = self.with_clean(obs, |o| all_features(o, &d.fp));
+        let (xt, xp) = self.with_clean(obs, |o| all_features_on(o, &d.fp, &e.ctx));
         let t = e.ttft.eval(&xt, d.floor_ms, d.guard_factor, d.z_hi);
         let p = e.tpot.eval(&xp, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
@@ -356,6 +381,7 @@ impl Snapshot {
             tpot_log_sigma: p.sigma,
             ttft_guarded: t.guarded,
             tpot_guarded: p.guarded,
+            ttft_wait_ms: xt[6],
         }
     }
 
@@ -365,7 +391,7 @@ impl Snapshot {
     pub fn predict_ttft_ms(&self, key: ReplicaKey, obs: &Observation) -> f64 {
         let e = self.entry(key);
         let d = &self.d;
-        let x = self.with_clean(obs, |o| ttft_features(o, &d.fp));
+        let x = self.with_clean(obs, |o| ttft_features_on(o, &d.fp, &e.ctx));
         e.ttft.mean(&x, d.floor_ms)
     }
 
