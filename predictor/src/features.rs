@@ -69,7 +69,8 @@ pub const SLOT_MIN_PEAK: f64 = 8.0;
 pub struct ReplicaCtx {
     /// Decode step time (ms): the gap between a stream's tokens, or recent TPOT labels.
     pub step_ms: f64,
-    /// Most requests ever seen decoding on the replica (0 = unknown).
+    /// The replica's slot cap: the most requests seen decoding on it, once its count is
+    /// pinned there (0 = unknown or not pinned).
     pub peak_running: f64,
 }
 
@@ -182,8 +183,9 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) ->
 ///   and half its expected output (reference §7.1), `need = used + Q + prompt + ½·out`;
 ///   the deficit `need − C` frees as running requests finish, each freeing its context,
 ///   ≈ `ctx_dec/n_dec` tokens, so `m = (need − C)/(ctx_dec/n_dec)`.
-/// - Slot-bound (`n_dec ≥ 0.95·peak`, peak ≥ 8 — the engine's `max_num_seqs`, seen
-///   rather than configured): every queued request ahead and this one needs a slot,
+/// - Slot-bound (`n_dec ≥ 0.95·peak`, peak ≥ 8, where `peak` is the most requests seen
+///   decoding once the count is pinned there — the engine's `max_num_seqs`, seen rather
+///   than configured): every queued request ahead and this one needs a slot,
 ///   `m = queued_requests + 1`.
 ///
 /// In steady state `n_dec` requests finish every `ō` steps (ō = mean output length of a

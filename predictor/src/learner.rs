@@ -469,7 +469,7 @@ impl Learner {
         };
         // The replica's slot cap shows as the most requests ever seen decoding on it.
         let n_dec = derive(&obs, &self.fp).n_dec;
-        rt.peak_running = rt.peak_running.max(n_dec);
+        rt.see_running(n_dec);
         if let (Some(z), false) = (tpot, s.censored) {
             // A TPOT label is the mean decode step over that request's decode.
             rt.tpot_step_ms = crate::calibration::ewma(rt.tpot_step_ms, z, STEP_RATE, rt.tpot_step_n);
@@ -962,6 +962,22 @@ impl Learner {
         rt.step_n += 1;
         ct.step_ms = ewma(ct.step_ms, step_ms, STEP_RATE, ct.step_n);
         ct.step_n += 1;
+    }
+
+    /// The number of requests decoding on `key`'s replica now (the router's ledger, or
+    /// fresh scraped `running` minus its queued ones). The learner also reads it from
+    /// every labelled sample, but labels arrive one TTFT late; a replica that hit its
+    /// `max_num_seqs` is seen pinned there at once through this call. Invalid values are
+    /// counted and ignored.
+    pub fn observe_running(&mut self, key: ReplicaKey, at_s: f64, decoding_requests: f64) {
+        if !(decoding_requests.is_finite() && decoding_requests >= 0.0 && at_s.is_finite()) {
+            Counters::bump(&self.counters.rejected_labels);
+            return;
+        }
+        self.ensure(key);
+        if let Some(rt) = self.st.replicas.get_mut(&key.replica) {
+            rt.see_running(decoding_requests);
+        }
     }
 
     /// Coverage EWMA of a replica's TTFT and TPOT bounds (None for an unknown replica).

@@ -151,7 +151,17 @@ pub(crate) struct ReplicaTrack {
     pub tpot_step_n: u64,
     /// Most requests seen decoding at once (the engine's slot cap once it saturated).
     pub peak_running: f64,
+    /// EWMA of 1{decoding ≥ 0.95·peak} over the running counts seen: a cap pins the
+    /// count at the peak, while a count that merely varies touches its maximum rarely
+    /// (uniform on 0..=64 it is within 5% of 64 for ~5% of observations).
+    pub at_peak: f64,
+    pub running_n: u64,
 }
+
+/// Rate of the at-peak EWMA (≈ the last 10 running counts).
+const PEAK_RATE: f64 = 0.1;
+/// The replica is slot-bound (its peak is a cap) when the at-peak EWMA is at least this.
+const PINNED: f64 = 0.5;
 
 /// Rate of the step-time EWMAs (≈ the last 3–5 measurements: the step moves with load).
 pub(crate) const STEP_RATE: f64 = 0.3;
@@ -170,6 +180,33 @@ impl ReplicaTrack {
             tpot_step_ms: 0.0,
             tpot_step_n: 0,
             peak_running: 0.0,
+            at_peak: 0.0,
+            running_n: 0,
+        }
+    }
+
+    /// One running count (decoding requests) seen on the replica.
+    pub fn see_running(&mut self, n_dec: f64) {
+        if !(n_dec.is_finite() && n_dec >= 0.0) {
+            return;
+        }
+        self.peak_running = self.peak_running.max(n_dec);
+        let at = if n_dec >= crate::features::SLOT_BOUND_FRACTION * self.peak_running {
+            1.0
+        } else {
+            0.0
+        };
+        self.at_peak = ewma(self.at_peak, at, PEAK_RATE, self.running_n);
+        self.running_n += 1;
+    }
+
+    /// The slot cap the admission wait may assume: the peak once the count is pinned
+    /// there, else 0 (unknown).
+    pub fn slot_cap(&self) -> f64 {
+        if self.at_peak >= PINNED {
+            self.peak_running
+        } else {
+            0.0
         }
     }
 

@@ -307,7 +307,11 @@ fn kv_bound_placements_are_learned_through_the_drain_feature() {
         });
     }
     l.tick(4000.0);
-    let drain_ms_per_step = l.coefficients(0, TARGET_TTFT).expect("class 0")[6];
+    // The wait feature is steps × the replica's step time; nothing measured the step
+    // here (TTFT labels only), so it is priced at the default and the coefficient learns
+    // the ratio: coefficient × default = the engine's ms per decode step.
+    let drain_ms_per_step = l.coefficients(0, TARGET_TTFT).expect("class 0")[6]
+        * headroom_predictor::features::DEFAULT_STEP_MS;
     eprintln!(
         "KV-bound: {} placements MdAPE {:.1}%; not bound: {} MdAPE {:.1}%; drain coefficient {drain_ms_per_step:.1} ms/step",
         bound.len(),
