@@ -73,6 +73,9 @@ pub(crate) struct ClassModel<const D: usize> {
     pub shape: [f64; D],
     /// Which coefficients are speeds that the ratio scales.
     pub scaled: [bool; D],
+    /// Pseudo-samples that hold a coefficient at its prior whatever the data excite
+    /// (`DecayStats::solve_anchored`).
+    pub anchor: [f64; D],
     /// A solve moved the forecast by more than [`MOVE_LOG`] since the gate last looked.
     pub moved: bool,
 }
@@ -87,7 +90,7 @@ pub(crate) struct SolveParams {
 }
 
 impl<const D: usize> ClassModel<D> {
-    pub fn new(prior: [f64; D], kappa: f64, scaled: [bool; D]) -> Self {
+    pub fn new(prior: [f64; D], kappa: f64, scaled: [bool; D], anchor: [f64; D]) -> Self {
         Self {
             own: DecayStats::default(),
             peers: DecayStats::default(),
@@ -99,6 +102,7 @@ impl<const D: usize> ClassModel<D> {
             resid_var: 0.0,
             shape: prior,
             scaled,
+            anchor,
             moved: false,
         }
     }
@@ -160,7 +164,7 @@ impl<const D: usize> ClassModel<D> {
     pub fn solve(&mut self, p: &SolveParams) {
         let m = self.merged(p.tau_s);
         let target = self.ridge_target_for(&m);
-        if let Some(th) = m.solve(p.ridge, &target, self.kappa) {
+        if let Some(th) = m.solve_anchored(p.ridge, &target, self.kappa, &self.anchor) {
             self.resid_var = m.residual_variance(&th);
             if m.a[0][0] > 0.0 {
                 let mut xbar = [0.0; D];

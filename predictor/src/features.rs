@@ -53,6 +53,15 @@ pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2
 /// Which TTFT coefficients are engine speeds (ms per unit of work) that a speed-ratio
 /// prior scales; the last two multiply measured milliseconds and stay at 1.
 pub const TTFT_SPEED_SCALED: [bool; TTFT_DIM] = [true, true, true, true, true, true, false, false];
+/// Pseudo-samples anchoring each TTFT coefficient at its prior regardless of excitation
+/// (`DecayStats::solve_anchored`): the admission wait's coefficient is ms per measured
+/// ms, physically 1, and the first labels that touch it are the odd ones at the edge of
+/// the bound regime (the RTX 4090 replay: one label with a 0.2 s wait in a 0.8 s TTFT
+/// took it to 0.12 before any label from deep in the queue existed). Ten labels whose
+/// TTFT is mostly the wait outweigh it 1:1.
+pub const TTFT_ANCHOR: [f64; TTFT_DIM] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0];
+/// No TPOT coefficient is anchored.
+pub const TPOT_ANCHOR: [f64; TPOT_DIM] = [0.0; TPOT_DIM];
 /// Every TPOT coefficient is an engine speed.
 pub const TPOT_SPEED_SCALED: [bool; TPOT_DIM] = [true; TPOT_DIM];
 /// Decode step time assumed while nothing about the replica was measured (ms): a
@@ -176,26 +185,32 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) ->
 }
 
 /// Decode steps until this request is admitted, when the replica is capacity-bound
-/// (KV memory or running slots); 0 otherwise.
+/// (KV memory or running slots); 0 otherwise. Units: steps (× `step_ms` gives ms).
 ///
-/// Completions needed, `m`:
-/// - KV-bound (capacity known): admission needs room for the queued prompts, this prompt
-///   and half its expected output (reference §7.1), `need = used + Q + prompt + ½·out`;
-///   the deficit `need − C` frees as running requests finish, each freeing its context,
-///   ≈ `ctx_dec/n_dec` tokens, so `m = (need − C)/(ctx_dec/n_dec)`.
-/// - Slot-bound (`n_dec ≥ 0.95·peak`, peak ≥ 8, where `peak` is the most requests seen
-///   decoding once the count is pinned there — the engine's `max_num_seqs`, seen rather
+/// **Completions needed, `m`.**
+/// - KV-bound (capacity `C` known): vLLM v1 admits a request once its prompt's blocks
+///   fit, so the deficit is `D = used + Q + prompt − C`. In steady state a completion
+///   frees `p̄ + ō` tokens while the running requests grow by `ō` between completions, so
+///   each admits ≈ one prompt: `m = D/p̄`, with `p̄ = (Q + prompt)/(n_queued + 1)`.
+/// - Slot-bound (`n_dec ≥ 0.95·cap`, `cap = ReplicaCtx::peak_running`: the most requests
+///   seen decoding once the count is held there, the engine's `max_num_seqs` seen rather
 ///   than configured): every queued request ahead and this one needs a slot,
-///   `m = queued_requests + 1`.
+///   `m = n_queued + 1`.
 ///
-/// In steady state `n_dec` requests finish every `ō` steps (ō = mean output length of a
-/// running request), so `m` completions take `m·ō/n_dec` steps. `ō = max(2·R̄, own
-/// expected output)`, `R̄ = decode_remaining/n_dec`: remaining lengths are spread over
-/// `[0, ō]`, so `2·R̄ ≈ ō` once admissions have mixed; right after a burst every running
-/// request is near its end and `2·R̄` alone under-states the turnover of the ones
-/// admitted next. Units: steps (× `step_ms` gives ms). On the measured RTX 4090 trace
-/// this predicts the admission rate 0.56 s/request it shows (41,408 KV tokens, ~37
-/// running, ō ≈ 650, 25–30 ms steps).
+/// **When the m-th completion comes.** The router knows the running requests' context
+/// `ctx_dec = Σ(p + g)` and remaining output `Σ(o − g)`; with their prompts ≈ `p̄` the mean
+/// generated is `ḡ = ctx_dec/n − p̄` and the mean remaining `R̄ = Σ(o − g)/n`. Ages spread
+/// evenly over `[0, 2s]`, `s = min(ḡ, R̄)`, put the remaining lengths evenly over
+/// `[R̄ − s, R̄ + s]`, so the m-th of the n running requests finishes after
+/// `R̄ − s + 2s·m/n` steps (m ≤ n). A mixed population (`s = R̄`) gives `2R̄·m/n`, the
+/// familiar "uniform remaining" drain; a batch admitted together in a burst (`ḡ ≪ R̄`)
+/// frees nothing for `R̄ − ḡ` steps — on the measured RTX PRO 6000 run, 128 slots filled
+/// within 12 s, the 13th request in the queue waited 7.5 s, not the 2.5 s the uniform
+/// drain says. Beyond the first generation (m > n) completions come at the steady rate of
+/// queued requests with output `ō` (this request's expectation): every `ō·h/C` steps for
+/// KV (`C` full of requests holding `h = p̄ + ō/2` for `ō` steps; on the measured RTX 4090
+/// run 18.6 steps, 0.56 s at its 30 ms steps, the admission rate it shows) and every
+/// `ō/n` steps for slots. The larger wait of the two bounds applies.
 #[inline(always)]
 pub fn admission_wait_steps(
     o: &Observation,
@@ -203,31 +218,47 @@ pub fn admission_wait_steps(
     p: &FeatureParams,
     r: &ReplicaCtx,
 ) -> f64 {
-    if d.n_dec <= 0.0 {
+    let n = d.n_dec;
+    if n <= 0.0 {
         return 0.0;
     }
-    let mut m: f64 = 0.0;
+    let p_mean = (o.queued_prefill_tokens + o.prompt_tokens) / (o.queued_requests + 1.0);
+    let out = o.expected_output_tokens.max(1.0);
+    let r_mean = o.decode_remaining_tokens / n;
+    let g_mean = (o.decode_context_tokens / n - p_mean).max(0.0);
+    let spread = g_mean.min(r_mean);
+    // Steps until the m-th completion, with `per` steps between completions after the
+    // first generation.
+    // Below one completion the deficit is within the router's error on it (a streamed
+    // count is not the engine's block count): the expected wait is m times the first
+    // completion's, not all of it (on the RTX 4090 run a 200-token deficit would have
+    // said 9 s where the engine admitted at once).
+    let completion = |m: f64, per: f64| {
+        if m <= 1.0 {
+            m * (r_mean - spread + 2.0 * spread / n)
+        } else if m <= n {
+            r_mean - spread + 2.0 * spread * m / n
+        } else {
+            r_mean + spread + (m - n) * per
+        }
+    };
+    let mut steps: f64 = 0.0;
     let cap = o.kv_capacity_tokens;
-    if cap > 0.0 && o.decode_context_tokens > 0.0 {
+    if cap > 0.0 && p_mean > 0.0 {
         let mut used = o.decode_context_tokens;
         if o.metric_age_s <= p.metric_fresh_s {
             used = used.max(o.kv_usage * cap);
         }
-        let need =
-            used + o.queued_prefill_tokens + o.prompt_tokens + 0.5 * o.expected_output_tokens;
-        let deficit = need - cap;
+        let deficit = used + o.queued_prefill_tokens + o.prompt_tokens - cap;
         if deficit > 0.0 {
-            m = deficit * d.n_dec / o.decode_context_tokens;
+            let per = out * (p_mean + 0.5 * out) / cap;
+            steps = completion(deficit / p_mean, per);
         }
     }
-    if r.peak_running >= SLOT_MIN_PEAK && d.n_dec >= SLOT_BOUND_FRACTION * r.peak_running {
-        m = m.max(o.queued_requests + 1.0);
+    if r.peak_running >= SLOT_MIN_PEAK && n >= SLOT_BOUND_FRACTION * r.peak_running {
+        steps = steps.max(completion(o.queued_requests + 1.0, out / n));
     }
-    if m <= 0.0 {
-        return 0.0;
-    }
-    let mean_out = (2.0 * o.decode_remaining_tokens / d.n_dec).max(o.expected_output_tokens);
-    m * mean_out / d.n_dec
+    steps.max(0.0)
 }
 
 /// TPOT basis functions for a sanitised observation.
@@ -303,11 +334,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(ttft_features(&o, &P)[6], 0.0);
-        o.queued_prefill_tokens = 15_000.0; // need 109k > 100k
+        o.queued_prefill_tokens = 15_000.0; // 109k > 100k
+        o.queued_requests = 4.0;
         let wait = ttft_features(&o, &P)[6];
-        // 9k deficit over 9k per finishing request: 1 completion; 10 running finish
-        // every ō = 2·200 steps, so one completes every 40 steps.
-        let steps = 1.0 * 400.0 / 10.0;
+        // 9k deficit over a mean prompt of 19k/5 = 3.8k: 2.37 completions; ō = 2·200 and
+        // h = 3.8k + 200, so one every 400·4k/100k = 16 steps.
+        let steps = (9_000.0 / 3_800.0) * 400.0 * (3_800.0 + 200.0) / 100_000.0;
         assert!((wait - steps * DEFAULT_STEP_MS).abs() < 1e-9, "{wait}");
         let r = ReplicaCtx {
             step_ms: 40.0,

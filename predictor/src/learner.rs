@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::calibration::{Q_LIMIT, ScoreQuantiles};
+use crate::calibration::ScoreQuantiles;
 use crate::class_model::{ClassModel, ClassTrack, ErrTrack, Gate, SolveParams};
 use crate::config::{CorrectionMode, DriftConfig, PredictorConfig};
 use crate::counters::{CounterValues, Counters};
@@ -17,7 +17,7 @@ use crate::error::FederationError;
 use crate::fastmap::FastMap;
 use crate::features::{
     FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx,
-    TPOT_DIM, TPOT_SPEED_SCALED, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features,
+    TPOT_ANCHOR, TPOT_DIM, TPOT_SPEED_SCALED, TTFT_ANCHOR, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features,
     ttft_features_on,
 };
 use crate::federation::{
@@ -27,7 +27,7 @@ use crate::federation::{
 use crate::normal::normal_quantile;
 use crate::observation::{Observation, ReplicaKey};
 use crate::prediction::{ModelState, Prediction, TargetParams};
-use crate::replica::{ReplicaTrack, STEP_RATE, TargetTrack};
+use crate::replica::{CORR_LIMIT, ReplicaTrack, TargetTrack, step_ewma};
 use crate::report::BoundSource;
 use crate::snapshot::Snapshot;
 
@@ -370,8 +370,8 @@ impl Learner {
             ScoreQuantiles { n: 0, ..q }
         };
         ClassTrack {
-            ttft: ClassModel::new(tt, kappa, TTFT_SPEED_SCALED),
-            tpot: ClassModel::new(tp, kappa, TPOT_SPEED_SCALED),
+            ttft: ClassModel::new(tt, kappa, TTFT_SPEED_SCALED, TTFT_ANCHOR),
+            tpot: ClassModel::new(tp, kappa, TPOT_SPEED_SCALED, TPOT_ANCHOR),
             ttft_q: init(gt),
             tpot_q: init(gp),
             ttft_err: ErrTrack::default(),
@@ -469,12 +469,12 @@ impl Learner {
         };
         // The replica's slot cap shows as the most requests ever seen decoding on it.
         let n_dec = derive(&obs, &self.fp).n_dec;
-        rt.see_running(n_dec);
+        rt.see_running(n_dec, s.at_s);
         if let (Some(z), false) = (tpot, s.censored) {
             // A TPOT label is the mean decode step over that request's decode.
-            rt.tpot_step_ms = crate::calibration::ewma(rt.tpot_step_ms, z, STEP_RATE, rt.tpot_step_n);
+            rt.tpot_step_ms = step_ewma(rt.tpot_step_ms, z, rt.tpot_step_n);
             rt.tpot_step_n += 1;
-            ct.step_ms = crate::calibration::ewma(ct.step_ms, z, STEP_RATE, ct.step_n);
+            ct.step_ms = step_ewma(ct.step_ms, z, ct.step_n);
             ct.step_n += 1;
         }
         if let Some(y) = ttft {
@@ -488,6 +488,23 @@ impl Learner {
                 && w >= 0.0
             {
                 x[6] = w.min(crate::observation::FIELD_MAX);
+            }
+            // A slot cap found since dispatch was the replica's all along: the first labels
+            // from a slot-bound queue were issued before the cap showed (the count must
+            // hold for a while), and learned without it they teach the class that its
+            // queue costs nothing and the replica that it is many times slower.
+            let cap = rt.slot_cap(s.at_s);
+            if cap > 0.0 {
+                let class_step = if ct.step_n > 0 {
+                    ct.step_ms
+                } else {
+                    crate::features::DEFAULT_STEP_MS
+                };
+                let now = ReplicaCtx {
+                    step_ms: rt.step_for(s.at_s, class_step),
+                    peak_running: cap,
+                };
+                x[6] = x[6].max(ttft_features_on(&obs, &self.fp, &now)[6]);
             }
             let load = (obs.queued_prefill_tokens + (obs.prompt_tokens - obs.cached_tokens).max(0.0)) + 1.0;
             let issued = s.predicted.map(|p| (p.ttft_ms, p.ttft_upper_ms));
@@ -895,7 +912,7 @@ fn learn_target<const D: usize>(
         rt.latched = true;
         // A change point: the labels since it say where the replica is now.
         let to = if run_jump { run_mean } else { rt.fast };
-        rt.corr = to.clamp(-Q_LIMIT, Q_LIMIT);
+        rt.corr = to.clamp(-CORR_LIMIT, CORR_LIMIT);
         rt.fast = rt.corr;
         rt.run_n = 0;
         rt.run_sum = 0.0;
@@ -956,11 +973,10 @@ impl Learner {
         ) else {
             return;
         };
-        use crate::calibration::ewma;
-        rt.step_ms = ewma(rt.step_ms, step_ms, STEP_RATE, rt.step_n);
+        rt.step_ms = step_ewma(rt.step_ms, step_ms, rt.step_n);
         rt.step_at_s = rt.step_at_s.max(at_s);
         rt.step_n += 1;
-        ct.step_ms = ewma(ct.step_ms, step_ms, STEP_RATE, ct.step_n);
+        ct.step_ms = step_ewma(ct.step_ms, step_ms, ct.step_n);
         ct.step_n += 1;
     }
 
@@ -976,7 +992,7 @@ impl Learner {
         }
         self.ensure(key);
         if let Some(rt) = self.st.replicas.get_mut(&key.replica) {
-            rt.see_running(decoding_requests);
+            rt.see_running(decoding_requests, at_s);
         }
     }
 

@@ -250,7 +250,7 @@ impl Snapshot {
                 class: rt.class,
                 ctx: ReplicaCtx {
                     step_ms: rt.step_for(now_s, class_step),
-                    peak_running: rt.slot_cap(),
+                    peak_running: rt.slot_cap(now_s),
                 },
                 ttft: t,
                 tpot: p,
