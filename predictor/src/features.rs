@@ -40,8 +40,8 @@ pub const TTFT_FEATURE_NAMES: [&str; TTFT_DIM] = [
 /// Names and units of the TPOT features.
 pub const TPOT_FEATURE_NAMES: [&str; TPOT_DIM] = [
     "bias [ms]",
-    "batch n_dec+n_queued+1 [ms per request]",
-    "kv_context (ctx_dec+Q+prompt)/1e5 [ms per 100k tokens]",
+    "batch min(n_dec+n_queued+1, slot cap) [ms per request]",
+    "kv_context min(ctx_dec+Q+prompt, capacity)/1e5 [ms per 100k tokens]",
     "prefill_inflow lambda/1e4 [ms per 10k tok/s]",
     "prefill_inflow_sq (lambda/1e4)^2 [ms]",
     "prefill_backlog (Q+u)/1e4 [ms per 10k tokens]",
@@ -157,7 +157,7 @@ pub fn all_features_on(
     r: &ReplicaCtx,
 ) -> ([f64; TTFT_DIM], [f64; TPOT_DIM]) {
     let d = derive(o, p);
-    (ttft_from(o, &d, p, r), tpot_from(o, &d))
+    (ttft_from(o, &d, p, r), tpot_from(o, &d, r))
 }
 
 #[inline(always)]
@@ -261,19 +261,74 @@ pub fn admission_wait_steps(
     steps.max(0.0)
 }
 
-/// TPOT basis functions for a sanitised observation.
-#[inline]
-pub fn tpot_features(o: &Observation, p: &FeatureParams) -> [f64; TPOT_DIM] {
-    tpot_from(o, &derive(o, p))
+/// Steps between admissions when the replica is capacity-bound (the steady turnover of
+/// [`admission_wait_steps`]), `None` when it is not.
+#[inline(always)]
+fn admission_interval_steps(o: &Observation, d: &Derived, r: &ReplicaCtx) -> Option<f64> {
+    let n = d.n_dec;
+    if n <= 0.0 || o.queued_requests < 1.0 {
+        return None;
+    }
+    let out = o.expected_output_tokens.max(1.0);
+    let mut per: Option<f64> = None;
+    let cap = o.kv_capacity_tokens;
+    if cap > 0.0 && o.decode_context_tokens + o.queued_prefill_tokens + o.prompt_tokens > cap {
+        let p_mean = (o.queued_prefill_tokens + o.prompt_tokens) / (o.queued_requests + 1.0);
+        per = Some(out * (p_mean + 0.5 * out) / cap);
+    }
+    if r.peak_running >= SLOT_MIN_PEAK && n >= SLOT_BOUND_FRACTION * r.peak_running {
+        let slots = out / n;
+        per = Some(per.map_or(slots, |p| p.max(slots)));
+    }
+    per.filter(|p| *p > 0.0)
 }
 
+/// TPOT basis functions for a sanitised observation on a replica nothing was measured
+/// about.
+#[inline]
+pub fn tpot_features(o: &Observation, p: &FeatureParams) -> [f64; TPOT_DIM] {
+    tpot_from(o, &derive(o, p), &ReplicaCtx::default())
+}
+
+/// TPOT basis functions with what was measured about the replica.
+#[inline]
+pub fn tpot_features_on(o: &Observation, p: &FeatureParams, r: &ReplicaCtx) -> [f64; TPOT_DIM] {
+    tpot_from(o, &derive(o, p), r)
+}
+
+/// The batch and the KV context a request will decode with are what the engine can hold:
+/// the queue joins the running requests only up to the KV capacity `C` (when known) and
+/// the slot cap (when seen). Uncapped, the queue of an overloaded replica — 170k tokens
+/// behind 41k of KV in the RTX 4090 replay — read as a batch 5× larger than any the
+/// engine runs, and TPOT was forecast at twice its measured 30 ms.
 #[inline(always)]
-fn tpot_from(o: &Observation, d: &Derived) -> [f64; TPOT_DIM] {
-    let lam = o.prefill_inflow_tps * 1e-4;
+fn tpot_from(o: &Observation, d: &Derived, r: &ReplicaCtx) -> [f64; TPOT_DIM] {
+    // A capacity-bound engine prefills only what it admits, one prompt per completion,
+    // whatever the router dispatches to its queue (8k tok/s dispatched against ~1.5k
+    // admitted in the RTX 4090 replay).
+    let mut inflow = o.prefill_inflow_tps;
+    if let Some(steps_per_admission) = admission_interval_steps(o, d, r)
+        && r.step_ms > 0.0
+    {
+        let p_mean = (o.queued_prefill_tokens + o.prompt_tokens) / (o.queued_requests + 1.0);
+        inflow = inflow.min(p_mean * 1e3 / (steps_per_admission * r.step_ms));
+    }
+    let lam = inflow * 1e-4;
+    let mut batch = d.n_dec + o.queued_requests + 1.0;
+    let mut kv = o.decode_context_tokens + o.queued_prefill_tokens + o.prompt_tokens;
+    if o.kv_capacity_tokens > 0.0 {
+        kv = kv.min(o.kv_capacity_tokens);
+    }
+    if r.peak_running >= SLOT_MIN_PEAK {
+        batch = batch.min(r.peak_running);
+        if d.n_dec >= SLOT_BOUND_FRACTION * r.peak_running {
+            kv = kv.min(o.decode_context_tokens + o.prompt_tokens);
+        }
+    }
     [
         1.0,
-        d.n_dec + o.queued_requests + 1.0,
-        (o.decode_context_tokens + o.queued_prefill_tokens + o.prompt_tokens) * 1e-5,
+        batch,
+        kv * 1e-5,
         lam,
         lam * lam,
         d.work * 1e-4,

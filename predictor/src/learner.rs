@@ -17,7 +17,7 @@ use crate::error::FederationError;
 use crate::fastmap::FastMap;
 use crate::features::{
     FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx,
-    TPOT_ANCHOR, TPOT_DIM, TPOT_SPEED_SCALED, TTFT_ANCHOR, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features,
+    TPOT_ANCHOR, TPOT_DIM, TPOT_SPEED_SCALED, TTFT_ANCHOR, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features_on,
     ttft_features_on,
 };
 use crate::federation::{
@@ -470,6 +470,23 @@ impl Learner {
         // The replica's slot cap shows as the most requests ever seen decoding on it.
         let n_dec = derive(&obs, &self.fp).n_dec;
         rt.see_running(n_dec, s.at_s);
+        // What is known about the replica now, for the features that depend on it. Only a
+        // replica with a measured step or a seen slot cap differs from the default, so
+        // the statistics of replicas without either stay a function of the samples alone
+        // (federated sums equal pooled ones).
+        let class_step = if ct.step_n > 0 {
+            ct.step_ms
+        } else {
+            crate::features::DEFAULT_STEP_MS
+        };
+        let rctx_now = ReplicaCtx {
+            step_ms: if rt.step_n > 0 {
+                rt.step_for(s.at_s, class_step)
+            } else {
+                crate::features::DEFAULT_STEP_MS
+            },
+            peak_running: rt.slot_cap(s.at_s),
+        };
         if let (Some(z), false) = (tpot, s.censored) {
             // A TPOT label is the mean decode step over that request's decode.
             rt.tpot_step_ms = step_ewma(rt.tpot_step_ms, z, rt.tpot_step_n);
@@ -493,16 +510,10 @@ impl Learner {
             // from a slot-bound queue were issued before the cap showed (the count must
             // hold for a while), and learned without it they teach the class that its
             // queue costs nothing and the replica that it is many times slower.
-            let cap = rt.slot_cap(s.at_s);
-            if cap > 0.0 {
-                let class_step = if ct.step_n > 0 {
-                    ct.step_ms
-                } else {
-                    crate::features::DEFAULT_STEP_MS
-                };
+            if rctx_now.peak_running > 0.0 {
                 let now = ReplicaCtx {
                     step_ms: rt.step_for(s.at_s, class_step),
-                    peak_running: cap,
+                    ..rctx_now
                 };
                 x[6] = x[6].max(ttft_features_on(&obs, &self.fp, &now)[6]);
             }
@@ -537,7 +548,9 @@ impl Learner {
             // measured a decode that began after the run's first label ended.
             let decode_s = y * f64::from(s.output_tokens.saturating_sub(1)) / 1e3;
             let span_start_s = s.at_s - decode_s;
-            let x = tpot_features(&obs, &self.fp);
+            // Learned with the slot cap known now (as for TTFT's wait): the batch a
+            // request decoded with never exceeded it.
+            let x = tpot_features_on(&obs, &self.fp, &rctx_now);
             let load = n_dec + obs.queued_requests + 1.0;
             let issued = s.predicted.map(|p| (p.tpot_ms, p.tpot_upper_ms));
             learn_target(

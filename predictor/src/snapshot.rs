@@ -18,7 +18,7 @@ use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
 use crate::observation::{Observation, ReplicaKey};
 use crate::prediction::{ModelState, Prediction, TargetParams};
-use crate::replica::TargetTrack;
+use crate::replica::{STEP_FRESH_S, TargetTrack};
 use crate::report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 
 /// Parameters for one replica (or one class, or the generic fallback).
@@ -101,6 +101,13 @@ fn diag(
     }
 }
 
+/// TPOT coefficients that forecast the measured decode step for every placement.
+fn step_theta(step_ms: f64) -> [f64; TPOT_DIM] {
+    let mut t = [0.0; TPOT_DIM];
+    t[0] = step_ms;
+    t
+}
+
 impl Snapshot {
     pub(crate) fn build(l: &Learner, now_s: f64) -> Snapshot {
         let k = &l.k;
@@ -132,6 +139,10 @@ impl Snapshot {
                 None,
                 now_s,
             );
+            let mut p = p;
+            if !ct.tpot.solved && ct.step_n > 0 {
+                p.theta = step_theta(ct.step_ms);
+            }
             let tau = k.solve.tau_s;
             let eff_t = ct.ttft.merged(tau).decayed_count(now_s, tau);
             let eff_p = ct.tpot.merged(tau).decayed_count(now_s, tau);
@@ -212,6 +223,14 @@ impl Snapshot {
                 Some(&rt.tpot),
                 now_s,
             );
+            let mut p = p;
+            if !ct.tpot.solved && rt.step_n > 0 && now_s - rt.step_at_s <= STEP_FRESH_S {
+                // No TPOT label yet (they come at a request's end): the decode step the
+                // router measures on the replica now is the per-token time a request
+                // placed there will see, a better prior than the generic physics (on the
+                // RTX 4090 replay 30 ms measured against 15 ms from the generic θ).
+                p.theta = step_theta(rt.step_ms);
+            }
             replica_diag.push(Diag {
                 ttft: diag(
                     k,

@@ -332,7 +332,14 @@ fn replay(tr: &Trace) -> Figures {
                         ttft_labels,
                         l.coefficients(7, 0).map(|c| c.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>()),
                     );
-                    eprintln!("   obs {o:?}");
+                    eprintln!(
+                        "   tpot y={:.1} mu={:.1} up={:.1} state={:?} theta={:?}",
+                        1e3 * (r.last - r.first) / (r.output - 1.0),
+                        p.tpot_ms,
+                        p.tpot_upper_ms,
+                        p.tpot_state,
+                        l.coefficients(7, 1)
+                    );
                 }
                 issued[i] = Some(p);
                 labels_known[i] = ttft_labels;
