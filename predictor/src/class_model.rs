@@ -344,6 +344,11 @@ impl Gate {
             let uncovered = self.cover_n >= 2 * GATE_MIN_LABELS
                 && self.cover < upper_quantile - COVER_LEAVE;
             let broken = self.model_err > BACKSTOP_LEAVE * backstop;
+            // A bound that stopped covering sends the class cold only while the model is
+            // not beating the load heuristic either: ACI and the recent-error guard repair
+            // the bound within labels, and routing by load instead of by a model that
+            // still forecasts better would make placements worse, not safer.
+            let uncovered = uncovered && self.model_err > self.base_err;
             if worse || uncovered || broken {
                 self.warm = false;
             }

@@ -392,9 +392,11 @@ mod tests {
         o.queued_prefill_tokens = 15_000.0; // 109k > 100k
         o.queued_requests = 4.0;
         let wait = ttft_features(&o, &P)[6];
-        // 9k deficit over a mean prompt of 19k/5 = 3.8k: 2.37 completions; ō = 2·200 and
-        // h = 3.8k + 200, so one every 400·4k/100k = 16 steps.
-        let steps = (9_000.0 / 3_800.0) * 400.0 * (3_800.0 + 200.0) / 100_000.0;
+        // 9k deficit over a mean prompt of 19k/5 = 3.8k: 2.37 completions, within the
+        // first generation of 10. The running requests have generated 9k − 3.8k = 5.2k
+        // on average, more than the 200 they have left: a mixed population, remaining
+        // spread over [0, 400], so the m-th completes after 400·m/10 steps.
+        let steps = 400.0 * (9_000.0 / 3_800.0) / 10.0;
         assert!((wait - steps * DEFAULT_STEP_MS).abs() < 1e-9, "{wait}");
         let r = ReplicaCtx {
             step_ms: 40.0,
@@ -425,10 +427,29 @@ mod tests {
             step_ms: 30.0,
             peak_running: 128.0,
         };
-        // 10 completions at 128 per ō = max(500, 600) steps.
-        let want = 10.0 * 600.0 / 128.0 * 30.0;
+        // 10 completions needed. The running requests are mid-life (400 generated, 250
+        // left): remaining spread over [0, 500], the 10th of 128 after 500·10/128 steps.
+        let want = 500.0 * 10.0 / 128.0 * 30.0;
         let got = ttft_features_on(&o, &P, &at)[6];
         assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        // The same slots filled by one burst (50 generated each, 250 left): nothing
+        // finishes for 200 steps, then the 10th after 200 + 100·10/128.
+        let burst = Observation {
+            decode_context_tokens: 128.0 * 850.0,
+            ..o
+        };
+        let want = (200.0 + 100.0 * 10.0 / 128.0) * 30.0;
+        let got = ttft_features_on(&burst, &P, &at)[6];
+        assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        // Past the first generation, at the steady rate of one per ō/n = 600/128 steps.
+        let deep = Observation {
+            queued_requests: 199.0,
+            queued_prefill_tokens: 199.0 * 800.0,
+            ..o
+        };
+        let want = (500.0 + (200.0 - 128.0) * 600.0 / 128.0) * 30.0;
+        let got = ttft_features_on(&deep, &P, &at)[6];
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }
 
     #[test]

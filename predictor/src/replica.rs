@@ -176,6 +176,8 @@ pub(crate) struct ReplicaTrack {
 /// (seconds): in the RTX PRO 6000 replay the count climbs ~10 requests/s for 12 s to its
 /// 128 slots; 20 observations a second see it inside a 5% band half of the time.
 const PEAK_STABLE_S: f64 = 2.0;
+/// Running counts to see before a peak can be a cap: the first few are all "at the peak".
+const PEAK_MIN_SEEN: u64 = 20;
 
 /// Rate of the at-peak EWMA (≈ the last 10 running counts).
 const PEAK_RATE: f64 = 0.1;
@@ -245,7 +247,10 @@ impl ReplicaTrack {
     /// The slot cap the admission wait may assume at `now_s`: the peak once the count is
     /// pinned there and has not grown for a while, else 0 (unknown).
     pub fn slot_cap(&self, now_s: f64) -> f64 {
-        if self.at_peak >= PINNED && now_s - self.peak_grew_at_s >= PEAK_STABLE_S {
+        if self.running_n >= PEAK_MIN_SEEN
+            && self.at_peak >= PINNED
+            && now_s - self.peak_grew_at_s >= PEAK_STABLE_S
+        {
             self.peak_running
         } else {
             0.0

@@ -267,18 +267,6 @@ fn replay(tr: &Trace) -> Figures {
             }
             Ev::First(i) => {
                 let r = tr.reqs[i];
-                if std::env::var_os("REPLAY_DEBUG").is_some()
-                    && issued[i].is_some_and(|p| p.ttft_wait_ms > 0.0)
-                    && ttft_labels < 140
-                {
-                    eprintln!(
-                        "  label {ttft_labels} at {:.1}: dispatched {:.1} y={:.0} wait={:.0}",
-                        t - t0,
-                        r.queued - t0,
-                        1e3 * (r.first - r.queued),
-                        issued[i].map_or(0.0, |p| p.ttft_wait_ms)
-                    );
-                }
                 label_rank[i] = ttft_labels as usize;
                 ttft_labels += 1;
                 l.observe(&Sample {
@@ -317,30 +305,6 @@ fn replay(tr: &Trace) -> Figures {
                 l.observe_running(key, ax(t), o.decoding_requests);
                 l.tick(ax(t));
                 let p = l.snapshot(ax(t)).predict(key, &o);
-                if std::env::var_os("REPLAY_DEBUG").is_some() && i % 20 == 0 {
-                    eprintln!(
-                        "{} i={i} t={:.1} y={:.0} mu={:.0} up={:.0} wait={:.0} state={:?} nq={} nd={} lab={} theta={:?}",
-                        tr.name,
-                        t - t0,
-                        1e3 * (r.first - r.queued),
-                        p.ttft_ms,
-                        p.ttft_upper_ms,
-                        p.ttft_wait_ms,
-                        p.ttft_state,
-                        o.queued_requests,
-                        o.decoding_requests,
-                        ttft_labels,
-                        l.coefficients(7, 0).map(|c| c.iter().map(|v| (v * 100.0).round() / 100.0).collect::<Vec<_>>()),
-                    );
-                    eprintln!(
-                        "   tpot y={:.1} mu={:.1} up={:.1} state={:?} theta={:?}",
-                        1e3 * (r.last - r.first) / (r.output - 1.0),
-                        p.tpot_ms,
-                        p.tpot_upper_ms,
-                        p.tpot_state,
-                        l.coefficients(7, 1)
-                    );
-                }
                 issued[i] = Some(p);
                 labels_known[i] = ttft_labels;
                 let warm = p.ttft_state == headroom_predictor::ModelState::Warm;
