@@ -355,3 +355,91 @@ impl Gate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `n` labels whose model forecast is off by `model_log` and whose load baseline
+    /// would be off by `base_log` (alternating sign), bounds at `cover_log` above the
+    /// forecast; returns the gate.
+    fn feed(g: &mut Gate, n: usize, model_log: f64, base_log: f64, cover_log: f64) {
+        for i in 0..n {
+            let load = 100.0 + 50.0 * (i % 7) as f64;
+            // The truth follows the load (so the baseline's one scale fits it), then each
+            // forecast misses by its own error, alternating in sign.
+            let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+            let y = 2.0 * load * (sign * base_log).exp();
+            let mu = y * (-sign * model_log).exp();
+            g.update(y, mu, mu * cover_log.exp(), load, false, 0.05, 0.9, 0.7);
+        }
+    }
+
+    #[test]
+    fn warm_needs_a_model_no_worse_than_the_load_baseline_and_a_covering_bound() {
+        let mut good = Gate::default();
+        feed(&mut good, 2 * GATE_MIN_LABELS as usize, 0.05, 0.4, 0.3);
+        assert!(good.warm, "{good:?}");
+
+        let mut worse = Gate::default();
+        feed(&mut worse, 60, 0.5, 0.2, 1.0);
+        assert!(!worse.warm, "a model worse than the baseline stays cold");
+
+        let mut uncovered = Gate::default();
+        feed(&mut uncovered, 60, 0.05, 0.4, -0.1);
+        assert!(!uncovered.warm, "a bound that never covers stays cold");
+    }
+
+    #[test]
+    fn once_warm_only_a_clearly_worse_model_goes_cold() {
+        let mut g = Gate::default();
+        feed(&mut g, 40, 0.1, 0.3, 0.4);
+        assert!(g.warm);
+        // Somewhat worse than the baseline (×1.3): inside the hysteresis band.
+        feed(&mut g, 200, 0.39, 0.3, 0.6);
+        assert!(g.warm, "×1.3 the baseline's error is not clearly worse: {g:?}");
+        // Clearly worse (×2.5).
+        feed(&mut g, 200, 0.75, 0.3, 1.0);
+        assert!(!g.warm, "{g:?}");
+        // Back to ×1.3: not good enough to re-enter.
+        feed(&mut g, 200, 0.39, 0.3, 0.6);
+        assert!(!g.warm, "re-entry needs the model no worse than the baseline: {g:?}");
+        feed(&mut g, 200, 0.1, 0.3, 0.4);
+        assert!(g.warm);
+    }
+
+    #[test]
+    fn a_moved_fit_restarts_the_error_averages() {
+        let mut g = Gate::default();
+        feed(&mut g, 30, 1.5, 0.3, 2.0);
+        assert!(g.model_err > 1.0 && !g.warm);
+        // The fit moved: the old errors stop weighing; the first few new ones decide.
+        let (load, y) = (100.0, 200.0);
+        g.update(y, y, 2.0 * y, load, true, 0.05, 0.9, 0.7);
+        assert_eq!(g.n, 1);
+        assert!(g.model_err < 0.01, "{}", g.model_err);
+        feed(&mut g, GATE_MIN_LABELS as usize + 2, 0.05, 0.3, 0.4);
+        assert!(g.warm, "warm within a handful of labels of the moved fit: {g:?}");
+    }
+
+    #[test]
+    fn the_speed_ratio_scales_only_the_speed_coefficients() {
+        let mut m = ClassModel::<3>::new([10.0, 2.0, 1.0], 1.0, [true, true, false], [0.0; 3]);
+        let sp = SolveParams {
+            ridge: 1e-4,
+            tau_s: 300.0,
+            interval_s: 600.0,
+            solve_every: 8,
+        };
+        // A class twice as slow as the shape on both speed features; the third multiplies
+        // measured milliseconds.
+        for i in 0..4 {
+            let x = [1.0, f64::from(i), 5.0];
+            let y = 2.0 * (10.0 + 2.0 * f64::from(i)) + 5.0;
+            m.add(&x, y, 1.0 / (y * y), f64::from(i), &sp);
+        }
+        let t = m.ridge_target_for(&m.merged(300.0));
+        assert!((t[0] - 20.0).abs() < 0.2 && (t[1] - 4.0).abs() < 0.05, "{t:?}");
+        assert_eq!(t[2], 1.0, "measured-time coefficients keep the shape's value");
+    }
+}
