@@ -341,8 +341,8 @@ impl Gate {
             self.warm = better && ranks && covers && self.model_err <= backstop;
         } else {
             let worse = self.model_err > COLD_RATIO * self.base_err + COLD_SLACK;
-            let uncovered = self.cover_n >= 2 * GATE_MIN_LABELS
-                && self.cover < upper_quantile - COVER_LEAVE;
+            let uncovered =
+                self.cover_n >= 2 * GATE_MIN_LABELS && self.cover < upper_quantile - COVER_LEAVE;
             let broken = self.model_err > BACKSTOP_LEAVE * backstop;
             // A bound that stopped covering sends the class cold only while the model is
             // not beating the load heuristic either: ACI and the recent-error guard repair
@@ -397,13 +397,19 @@ mod tests {
         assert!(g.warm);
         // Somewhat worse than the baseline (×1.3): inside the hysteresis band.
         feed(&mut g, 200, 0.39, 0.3, 0.6);
-        assert!(g.warm, "×1.3 the baseline's error is not clearly worse: {g:?}");
+        assert!(
+            g.warm,
+            "×1.3 the baseline's error is not clearly worse: {g:?}"
+        );
         // Clearly worse (×2.5).
         feed(&mut g, 200, 0.75, 0.3, 1.0);
         assert!(!g.warm, "{g:?}");
         // Back to ×1.3: not good enough to re-enter.
         feed(&mut g, 200, 0.39, 0.3, 0.6);
-        assert!(!g.warm, "re-entry needs the model no worse than the baseline: {g:?}");
+        assert!(
+            !g.warm,
+            "re-entry needs the model no worse than the baseline: {g:?}"
+        );
         feed(&mut g, 200, 0.1, 0.3, 0.4);
         assert!(g.warm);
     }
@@ -419,7 +425,10 @@ mod tests {
         assert_eq!(g.n, 1);
         assert!(g.model_err < 0.01, "{}", g.model_err);
         feed(&mut g, GATE_MIN_LABELS as usize + 2, 0.05, 0.3, 0.4);
-        assert!(g.warm, "warm within a handful of labels of the moved fit: {g:?}");
+        assert!(
+            g.warm,
+            "warm within a handful of labels of the moved fit: {g:?}"
+        );
     }
 
     #[test]
@@ -439,7 +448,13 @@ mod tests {
             m.add(&x, y, 1.0 / (y * y), f64::from(i), &sp);
         }
         let t = m.ridge_target_for(&m.merged(300.0));
-        assert!((t[0] - 20.0).abs() < 0.2 && (t[1] - 4.0).abs() < 0.05, "{t:?}");
-        assert_eq!(t[2], 1.0, "measured-time coefficients keep the shape's value");
+        assert!(
+            (t[0] - 20.0).abs() < 0.2 && (t[1] - 4.0).abs() < 0.05,
+            "{t:?}"
+        );
+        assert_eq!(
+            t[2], 1.0,
+            "measured-time coefficients keep the shape's value"
+        );
     }
 }

@@ -325,14 +325,7 @@ fn tpot_from(o: &Observation, d: &Derived, r: &ReplicaCtx) -> [f64; TPOT_DIM] {
             kv = kv.min(o.decode_context_tokens + o.prompt_tokens);
         }
     }
-    [
-        1.0,
-        batch,
-        kv * 1e-5,
-        lam,
-        lam * lam,
-        d.work * 1e-4,
-    ]
+    [1.0, batch, kv * 1e-5, lam, lam * lam, d.work * 1e-4]
 }
 
 /// ⌈x⌉ for 0 ≤ x < 2⁶³ without a libm call (baseline x86-64 has no SSE4.1 `roundsd`).

@@ -2,9 +2,18 @@
 //! class models, per-replica corrections and calibration, and publishes immutable
 //! [`Snapshot`]s. The router runs it on a trainer thread; the simulator calls it inline.
 //!
+//! Besides labels it takes two router-side measurements of a replica, both optional:
+//! [`Learner::observe_step_time`] (the decode step read from streamed tokens) and
+//! [`Learner::observe_running`] (how many requests decode there now). They price and
+//! detect the admission wait of a capacity-bound replica (`features::admission_wait_steps`)
+//! before any label from that regime can arrive: labels come one TTFT late, and on the
+//! measured vLLM runs that is tens of seconds.
+//!
 //! Invariants: no clock is read (every time comes from a sample or an argument); bad input
 //! is counted and skipped, never a panic; peer aggregates always equal the sum of the
-//! currently held peer slots.
+//! currently held peer slots; the statistics of a replica with neither a measured step
+//! nor a seen slot cap are a function of its samples alone (so federated sums equal
+//! pooled ones); what was measured about a replica stays local, like calibration.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,8 +25,8 @@ use crate::counters::{CounterValues, Counters};
 use crate::error::FederationError;
 use crate::fastmap::FastMap;
 use crate::features::{
-    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx,
-    TPOT_ANCHOR, TPOT_DIM, TPOT_SPEED_SCALED, TTFT_ANCHOR, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features_on,
+    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx, TPOT_ANCHOR, TPOT_DIM,
+    TPOT_SPEED_SCALED, TTFT_ANCHOR, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features_on,
     ttft_features_on,
 };
 use crate::federation::{
@@ -517,7 +526,9 @@ impl Learner {
                 };
                 x[6] = x[6].max(ttft_features_on(&obs, &self.fp, &now)[6]);
             }
-            let load = (obs.queued_prefill_tokens + (obs.prompt_tokens - obs.cached_tokens).max(0.0)) + 1.0;
+            let load = (obs.queued_prefill_tokens
+                + (obs.prompt_tokens - obs.cached_tokens).max(0.0))
+                + 1.0;
             let issued = s.predicted.map(|p| (p.ttft_ms, p.ttft_upper_ms));
             learn_target(
                 &k,

@@ -300,7 +300,13 @@ impl Learner {
             check(
                 track_ok(&r.ttft)
                     && track_ok(&r.tpot)
-                    && finite(&[r.step_ms, r.tpot_step_ms, r.peak_running, r.at_peak, r.stable_base])
+                    && finite(&[
+                        r.step_ms,
+                        r.tpot_step_ms,
+                        r.peak_running,
+                        r.at_peak,
+                        r.stable_base,
+                    ])
                     && !r.step_at_s.is_nan()
                     && !r.peak_grew_at_s.is_nan(),
                 "bad replica state",

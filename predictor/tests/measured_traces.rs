@@ -64,8 +64,7 @@ struct Trace {
 }
 
 fn traces_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/traces/llmservingsim-vllm-measured")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/llmservingsim-vllm-measured")
 }
 
 fn read(path: &Path) -> String {
@@ -105,7 +104,11 @@ fn load(name: &'static str, kv_capacity: f64) -> Trace {
     reqs.sort_by(|a, b| a.queued.total_cmp(&b.queued));
     let csv = read(&dir.join("timeseries.csv"));
     let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().expect("timeseries header").split(',').collect();
+    let header: Vec<&str> = lines
+        .next()
+        .expect("timeseries header")
+        .split(',')
+        .collect();
     let col = |n: &str| {
         header
             .iter()
@@ -221,7 +224,11 @@ struct Figures {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 fn replay(tr: &Trace) -> Figures {
@@ -329,7 +336,10 @@ fn replay(tr: &Trace) -> Figures {
         pc += usize::from(z <= p.tpot_upper_ms);
     }
     let cold_after_warm = match warm_at_label {
-        Some(w) => state_after.iter().filter(|(n, warm)| *n >= w && !warm).count(),
+        Some(w) => state_after
+            .iter()
+            .filter(|(n, warm)| *n >= w && !warm)
+            .count(),
         None => 0,
     };
     let k = scored.len() as f64;

@@ -9,7 +9,13 @@ use rand_chacha::ChaCha8Rng;
 use support::synth::{self, Engine, Load};
 
 /// One prequential label: forecast from the current snapshot, then learn.
-fn label(l: &mut Learner, rng: &mut ChaCha8Rng, eng: &Engine, key: ReplicaKey, at: f64) -> (f64, f64, ModelState) {
+fn label(
+    l: &mut Learner,
+    rng: &mut ChaCha8Rng,
+    eng: &Engine,
+    key: ReplicaKey,
+    at: f64,
+) -> (f64, f64, ModelState) {
     let s = synth::situation(rng, eng, &Load::moderate());
     let y = synth::ttft(rng, eng, &s);
     let z = synth::tpot(rng, eng, &s);
@@ -62,7 +68,13 @@ fn a_slower_class_borrows_a_warm_class_shape_scaled_by_its_speed_ratio() {
     let mut with_donor = Learner::new(PredictorConfig::default());
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for i in 0..300 {
-        label(&mut with_donor, &mut rng, &fast, ReplicaKey::new(1, 1), i as f64);
+        label(
+            &mut with_donor,
+            &mut rng,
+            &fast,
+            ReplicaKey::new(1, 1),
+            i as f64,
+        );
     }
     let mut alone = Learner::new(PredictorConfig::default());
     let key = ReplicaKey::new(2, 2);
@@ -90,7 +102,11 @@ fn a_slower_class_borrows_a_warm_class_shape_scaled_by_its_speed_ratio() {
     ea.sort_by(f64::total_cmp);
     eb.sort_by(f64::total_cmp);
     let (ma, mb) = (ea[150], eb[150]);
-    eprintln!("6 labels of a 2.5x slower class: MdAPE {:.1}% with a warm donor, {:.1}% from the generic prior", 100.0 * ma, 100.0 * mb);
+    eprintln!(
+        "6 labels of a 2.5x slower class: MdAPE {:.1}% with a warm donor, {:.1}% from the generic prior",
+        100.0 * ma,
+        100.0 * mb
+    );
     assert!(ma < 0.2, "{ma}");
     assert!(ma < mb, "the borrowed shape helps: {ma} vs {mb}");
 }
