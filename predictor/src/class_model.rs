@@ -247,8 +247,8 @@ pub(crate) const BACKSTOP_LEAVE: f64 = 1.5;
 /// ranking concordance on consecutive labels (is `y_t > y_{t−1}` forecast the same way —
 /// the comparison a router makes between candidates). Enter Warm when the model is no
 /// worse on both and its bound covers; leave only when it is clearly worse, so a class
-/// does not flap on noise (hysteresis). Errors restart when the fit moves
-/// ([`ClassModel::moved`]).
+/// does not flap on noise (hysteresis). Errors, concordance and coverage restart when the
+/// fit moves ([`ClassModel::moved`]).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
 )]
@@ -299,8 +299,10 @@ impl Gate {
         backstop: f64,
     ) {
         if moved {
+            // Errors and misses of a fit that no longer exists stop weighing.
             self.n = 0;
             self.conc_n = 0;
+            self.cover_n = 0;
         }
         self.local += 1;
         let covered = if y <= upper { 1.0 } else { 0.0 };
