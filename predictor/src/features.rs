@@ -62,8 +62,12 @@ pub const TTFT_SPEED_SCALED: [bool; TTFT_DIM] = [true, true, true, true, true, t
 pub const TTFT_ANCHOR: [f64; TTFT_DIM] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0];
 /// No TPOT coefficient is anchored.
 pub const TPOT_ANCHOR: [f64; TPOT_DIM] = [0.0; TPOT_DIM];
-/// Every TPOT coefficient is an engine speed.
-pub const TPOT_SPEED_SCALED: [bool; TPOT_DIM] = [true; TPOT_DIM];
+/// TPOT's speed ratio scales its per-step floor only. The first TPOT labels of a class
+/// mostly measure that floor (they come from whatever load the class first saw), so a
+/// ratio fitted on them says "the floor is higher", not "every load term is"; scaling the
+/// load terms by it too extrapolated them (RTX PRO 6000 replay: a 30 ms floor read as
+/// 3.4× the generic θ, and TPOT at saturation was forecast at 55 ms against 33 ms).
+pub const TPOT_SPEED_SCALED: [bool; TPOT_DIM] = [true, false, false, false, false, false];
 /// Decode step time assumed while nothing about the replica was measured (ms): a
 /// mid-size batch of an 8B model on one current GPU. Only the admission wait uses it.
 pub const DEFAULT_STEP_MS: f64 = 25.0;

@@ -400,7 +400,7 @@ fn rtx4090_replay_meets_the_bars() {
 }
 
 #[test]
-fn rtxpro6000_replay_meets_the_bars() {
+fn rtxpro6000_replay_meets_the_ttft_bars() {
     let f = report(&load("RTXPRO6000-Llama-3.1-8B", 0.0), true);
     assert!(f.scored >= 190, "{}", f.scored);
     assert!(f.ttft_mdape <= 0.25, "TTFT MdAPE {}", f.ttft_mdape);
@@ -412,10 +412,10 @@ fn rtxpro6000_replay_meets_the_bars() {
         f.warm_at_label
     );
     // Short of the bars, asserted at what is achieved (README, known gaps): TPOT MdAPE
-    // 63% (no decode-only scrape prices the step before the TPOT fit extrapolates the
-    // generic shape's load terms), and 74 cold TTFT forecasts after the first slot-bound
-    // labels, issued before the cap showed, miss their bounds.
-    assert!(f.tpot_mdape <= 0.68, "TPOT MdAPE {}", f.tpot_mdape);
+    // 33.5% (few decode-only scrapes price the step, and the TPOT fit from the first
+    // labels keeps the generic load terms), and 74 cold TTFT forecasts after the first
+    // slot-bound labels, issued before the cap showed, miss their bounds.
+    assert!(f.tpot_mdape <= 0.37, "TPOT MdAPE {}", f.tpot_mdape);
     assert!(
         f.cold_after_warm <= 80,
         "{} cold forecasts after warm",
