@@ -110,9 +110,14 @@ pub struct PredictorConfig {
     /// A replica (class) needs this many labels before its own quantiles are used;
     /// until then bounds back off replica → class → global → cold.
     pub backoff_min_labels: u64,
-    /// Labels a class needs before it can be Warm.
+    /// Labels a class needs (fleet-wide) before it can be Warm. Past it, the class's
+    /// warm/cold gate decides: Warm when its forecasts are no worse than a load-only
+    /// baseline on the same labels and its bound covers, Cold again only when clearly
+    /// worse (see `class_model::Gate`).
     pub warm_min_labels: u64,
-    /// Warm also needs the recent mean |log(y/ŷ)| below this.
+    /// Absolute backstop of the gate: entering Warm also needs the recent mean
+    /// |log(y/ŷ)| at or below this, and a Warm class (or a replica on its own) whose error
+    /// exceeds 1.5× this goes Cold even if the load baseline is no better.
     pub warm_max_log_err: f64,
     /// No label for this long makes a replica or class Stale (seconds).
     pub stale_after_s: f64,

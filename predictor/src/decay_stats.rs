@@ -137,7 +137,42 @@ impl<const D: usize> DecayStats<D> {
     /// Solve for θ: non-negative physics coefficients, ridge `δ·tr(A)/D` toward `prior`,
     /// plus `kappa` pseudo-samples at `prior` (A₀ = κ·diag(A)/Σg, b₀ = A₀·prior).
     /// Scale-invariant in the decay factor, so no clock is needed. `None` if unsolvable.
+    ///
+    /// `anchor[i]` adds that many pseudo-samples of unit relative weight (`w·x_i² = 1`, at
+    /// the mean decay factor `Σg/n`) on coefficient i whatever the data excite: for a
+    /// coefficient that multiplies a measured time (physically 1 ms per ms), a handful of
+    /// barely-excited labels must not move it, while κ·diag(A) scales with the excitation
+    /// and would leave it to the first label that touches the feature.
+    pub(crate) fn solve_anchored(
+        &self,
+        ridge: f64,
+        prior: &[f64; D],
+        kappa: f64,
+        anchor: &[f64; D],
+    ) -> Option<[f64; D]> {
+        if self.is_empty() || self.sum_g <= 0.0 || self.n == 0 {
+            return None;
+        }
+        let mean_g = self.sum_g / self.n as f64;
+        let mut extra = [0.0; D];
+        for i in 0..D {
+            extra[i] = anchor[i] * mean_g;
+        }
+        self.solve_with(ridge, prior, kappa, &extra)
+    }
+
+    #[cfg(test)]
     pub(crate) fn solve(&self, ridge: f64, prior: &[f64; D], kappa: f64) -> Option<[f64; D]> {
+        self.solve_with(ridge, prior, kappa, &[0.0; D])
+    }
+
+    fn solve_with(
+        &self,
+        ridge: f64,
+        prior: &[f64; D],
+        kappa: f64,
+        extra: &[f64; D],
+    ) -> Option<[f64; D]> {
         if self.is_empty() || self.sum_g <= 0.0 {
             return None;
         }
@@ -153,7 +188,7 @@ impl<const D: usize> DecayStats<D> {
         let rho = ridge * trace / D as f64;
         for i in 0..D {
             let pseudo = kappa * self.a[i][i] / self.sum_g;
-            let add = rho + pseudo;
+            let add = rho + pseudo + extra[i];
             m[i][i] += add;
             rhs[i] += add * prior[i];
         }

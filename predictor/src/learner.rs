@@ -2,22 +2,32 @@
 //! class models, per-replica corrections and calibration, and publishes immutable
 //! [`Snapshot`]s. The router runs it on a trainer thread; the simulator calls it inline.
 //!
+//! Besides labels it takes two router-side measurements of a replica, both optional:
+//! [`Learner::observe_step_time`] (the decode step read from streamed tokens) and
+//! [`Learner::observe_running`] (how many requests decode there now). They price and
+//! detect the admission wait of a capacity-bound replica (`features::admission_wait_steps`)
+//! before any label from that regime can arrive: labels come one TTFT late, and on the
+//! measured vLLM runs that is tens of seconds.
+//!
 //! Invariants: no clock is read (every time comes from a sample or an argument); bad input
 //! is counted and skipped, never a panic; peer aggregates always equal the sum of the
-//! currently held peer slots.
+//! currently held peer slots; the statistics of a replica with neither a measured step
+//! nor a seen slot cap are a function of its samples alone (so federated sums equal
+//! pooled ones); what was measured about a replica stays local, like calibration.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::calibration::{Q_LIMIT, ScoreQuantiles};
-use crate::class_model::{ClassModel, ClassTrack, ErrTrack, SolveParams};
+use crate::calibration::ScoreQuantiles;
+use crate::class_model::{ClassModel, ClassTrack, ErrTrack, Gate, SolveParams};
 use crate::config::{CorrectionMode, DriftConfig, PredictorConfig};
 use crate::counters::{CounterValues, Counters};
 use crate::error::FederationError;
 use crate::fastmap::FastMap;
 use crate::features::{
-    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, TPOT_DIM, TTFT_DIM, dot, tpot_features,
-    ttft_features,
+    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx, TPOT_ANCHOR, TPOT_DIM,
+    TPOT_SPEED_SCALED, TTFT_ANCHOR, TTFT_DIM, TTFT_SPEED_SCALED, derive, dot, tpot_features_on,
+    ttft_features_on,
 };
 use crate::federation::{
     CorrectionEntry, FederationSlot, LabelTime, MergeOutcome, PeerSlot, StatsBlock, TARGET_TPOT,
@@ -26,7 +36,7 @@ use crate::federation::{
 use crate::normal::normal_quantile;
 use crate::observation::{Observation, ReplicaKey};
 use crate::prediction::{ModelState, Prediction, TargetParams};
-use crate::replica::{ReplicaTrack, TargetTrack};
+use crate::replica::{CORR_LIMIT, ReplicaTrack, TargetTrack, step_ewma};
 use crate::report::BoundSource;
 use crate::snapshot::Snapshot;
 
@@ -161,10 +171,14 @@ impl Knobs {
         }
     }
 
+    /// Cold until the class has `warm_min_labels` (fleet-wide) and a fit; Stale after
+    /// silence; then the gate decides ([`Gate`]: better than the load baseline and
+    /// covering). A class this node has scored no label of trusts the fleet's statistics
+    /// (a fresh node that merged a warm peer's slot).
     pub fn class_state<const D: usize>(
         &self,
         m: &ClassModel<D>,
-        err: &ErrTrack,
+        gate: &Gate,
         now_s: f64,
     ) -> ModelState {
         let (n, last) = m.labels();
@@ -172,10 +186,10 @@ impl Knobs {
             ModelState::Cold
         } else if now_s - last > self.stale_after_s {
             ModelState::Stale
-        } else if err.n >= GUARD_MIN_LABELS && err.log > self.warm_max_log_err {
-            ModelState::Cold
-        } else {
+        } else if gate.local == 0 || gate.warm {
             ModelState::Warm
+        } else {
+            ModelState::Cold
         }
     }
 
@@ -198,7 +212,11 @@ impl Knobs {
             && rt.coverage < self.upper_quantile - self.coverage_collapse;
         if silent || collapsed {
             ModelState::Stale
-        } else if rt.err.n >= self.warm_min && rt.err.log > self.warm_max_log_err {
+        } else if rt.err.n >= self.warm_min
+            && rt.err.log > crate::class_model::BACKSTOP_LEAVE * self.warm_max_log_err
+        {
+            // The class gate decides warmth; a replica is cold on its own only when its
+            // forecasts are broken outright (the class is fine, this replica is not).
             ModelState::Cold
         } else {
             ModelState::Warm
@@ -213,11 +231,12 @@ impl Knobs {
         model: &ClassModel<D>,
         class_q: &ScoreQuantiles,
         class_err: &ErrTrack,
+        gate: &Gate,
         global_q: &ScoreQuantiles,
         rt: Option<&TargetTrack>,
         now_s: f64,
     ) -> (TargetParams<D>, BoundSource) {
-        let cs = self.class_state(model, class_err, now_s);
+        let cs = self.class_state(model, gate, now_s);
         let (q, src) = self.backoff(rt.map(|r| &r.q), class_q, global_q);
         let recent = |e: &ErrTrack| {
             if e.n >= GUARD_MIN_LABELS {
@@ -360,12 +379,16 @@ impl Learner {
             ScoreQuantiles { n: 0, ..q }
         };
         ClassTrack {
-            ttft: ClassModel::new(tt, kappa),
-            tpot: ClassModel::new(tp, kappa),
+            ttft: ClassModel::new(tt, kappa, TTFT_SPEED_SCALED, TTFT_ANCHOR),
+            tpot: ClassModel::new(tp, kappa, TPOT_SPEED_SCALED, TPOT_ANCHOR),
             ttft_q: init(gt),
             tpot_q: init(gp),
             ttft_err: ErrTrack::default(),
             tpot_err: ErrTrack::default(),
+            ttft_gate: Gate::default(),
+            tpot_gate: Gate::default(),
+            step_ms: 0.0,
+            step_n: 0,
         }
     }
 
@@ -376,16 +399,35 @@ impl Learner {
         gt: &ScoreQuantiles,
         gp: &ScoreQuantiles,
     ) -> ReplicaTrack {
-        ReplicaTrack {
+        ReplicaTrack::new(
             class,
-            ttft: TargetTrack::new(k.backoff(None, &ct.ttft_q, gt).0),
-            tpot: TargetTrack::new(k.backoff(None, &ct.tpot_q, gp).0),
-        }
+            TargetTrack::new(k.backoff(None, &ct.ttft_q, gt).0),
+            TargetTrack::new(k.backoff(None, &ct.tpot_q, gp).0),
+        )
     }
 
     /// Make sure the class and replica exist (a replica that moved class starts afresh).
     fn ensure(&mut self, key: ReplicaKey) {
         let (gt, gp) = (self.global_ttft_q, self.global_tpot_q);
+        if !self.st.classes.contains_key(&key.class) {
+            let mut ct = Self::new_class(&self.cfg, &self.k, key.class, &gt, &gp);
+            // Speed-ratio prior: borrow the shape of the best-known warm class (most
+            // labels), unless this class has a configured prior of its own.
+            let configured = self.cfg.priors.iter().any(|p| p.class == key.class);
+            let donor = self
+                .st
+                .classes
+                .values()
+                .filter(|c| c.ttft.solved && c.ttft_gate.warm)
+                .max_by_key(|c| c.ttft.labels().0);
+            if let (false, Some(d)) = (configured, donor) {
+                ct.ttft.borrow_shape(d.ttft.theta);
+                if d.tpot.solved && d.tpot_gate.warm {
+                    ct.tpot.borrow_shape(d.tpot.theta);
+                }
+            }
+            self.st.classes.insert(key.class, ct);
+        }
         let (cfg, k) = (&self.cfg, &self.k);
         let ct = self
             .st
@@ -434,8 +476,59 @@ impl Learner {
         let Some(rt) = self.st.replicas.get_mut(&s.key.replica) else {
             return;
         };
+        // The replica's slot cap shows as the most requests ever seen decoding on it.
+        let n_dec = derive(&obs, &self.fp).n_dec;
+        rt.see_running(n_dec, s.at_s);
+        // What is known about the replica now, for the features that depend on it. Only a
+        // replica with a measured step or a seen slot cap differs from the default, so
+        // the statistics of replicas without either stay a function of the samples alone
+        // (federated sums equal pooled ones).
+        let class_step = if ct.step_n > 0 {
+            ct.step_ms
+        } else {
+            crate::features::DEFAULT_STEP_MS
+        };
+        let rctx_now = ReplicaCtx {
+            step_ms: if rt.step_n > 0 {
+                rt.step_for(s.at_s, class_step)
+            } else {
+                crate::features::DEFAULT_STEP_MS
+            },
+            peak_running: rt.slot_cap(s.at_s),
+        };
+        if let (Some(z), false) = (tpot, s.censored) {
+            // A TPOT label is the mean decode step over that request's decode.
+            rt.tpot_step_ms = step_ewma(rt.tpot_step_ms, z, rt.tpot_step_n);
+            rt.tpot_step_n += 1;
+            ct.step_ms = step_ewma(ct.step_ms, z, ct.step_n);
+            ct.step_n += 1;
+        }
         if let Some(y) = ttft {
-            let x = ttft_features(&obs, &self.fp);
+            // The admission wait is learned as issued (what was known at dispatch). Without
+            // the issued prediction it is recomputed from the sample alone, with nothing
+            // measured about the replica, so the statistics stay a function of the samples
+            // and federated sums equal pooled ones.
+            let mut x = ttft_features_on(&obs, &self.fp, &ReplicaCtx::default());
+            if let Some(w) = s.predicted.map(|p| p.ttft_wait_ms)
+                && w.is_finite()
+                && w >= 0.0
+            {
+                x[6] = w.min(crate::observation::FIELD_MAX);
+            }
+            // A slot cap found since dispatch was the replica's all along: the first labels
+            // from a slot-bound queue were issued before the cap showed (the count must
+            // hold for a while), and learned without it they teach the class that its
+            // queue costs nothing and the replica that it is many times slower.
+            if rctx_now.peak_running > 0.0 {
+                let now = ReplicaCtx {
+                    step_ms: rt.step_for(s.at_s, class_step),
+                    ..rctx_now
+                };
+                x[6] = x[6].max(ttft_features_on(&obs, &self.fp, &now)[6]);
+            }
+            let load = (obs.queued_prefill_tokens
+                + (obs.prompt_tokens - obs.cached_tokens).max(0.0))
+                + 1.0;
             let issued = s.predicted.map(|p| (p.ttft_ms, p.ttft_upper_ms));
             learn_target(
                 &k,
@@ -444,6 +537,8 @@ impl Learner {
                     model: &mut ct.ttft,
                     class_q: &mut ct.ttft_q,
                     class_err: &mut ct.ttft_err,
+                    gate: &mut ct.ttft_gate,
+                    load,
                     global_q: &mut self.global_ttft_q,
                     rt: &mut rt.ttft,
                     // TTFT labels of one replica share no window worth excluding.
@@ -464,7 +559,10 @@ impl Learner {
             // measured a decode that began after the run's first label ended.
             let decode_s = y * f64::from(s.output_tokens.saturating_sub(1)) / 1e3;
             let span_start_s = s.at_s - decode_s;
-            let x = tpot_features(&obs, &self.fp);
+            // Learned with the slot cap known now (as for TTFT's wait): the batch a
+            // request decoded with never exceeded it.
+            let x = tpot_features_on(&obs, &self.fp, &rctx_now);
+            let load = n_dec + obs.queued_requests + 1.0;
             let issued = s.predicted.map(|p| (p.tpot_ms, p.tpot_upper_ms));
             learn_target(
                 &k,
@@ -473,6 +571,8 @@ impl Learner {
                     model: &mut ct.tpot,
                     class_q: &mut ct.tpot_q,
                     class_err: &mut ct.tpot_err,
+                    gate: &mut ct.tpot_gate,
+                    load,
                     global_q: &mut self.global_tpot_q,
                     rt: &mut rt.tpot,
                     span_start_s,
@@ -711,6 +811,9 @@ struct Parts<'a, const D: usize> {
     model: &'a mut ClassModel<D>,
     class_q: &'a mut ScoreQuantiles,
     class_err: &'a mut ErrTrack,
+    gate: &'a mut Gate,
+    /// The load baseline's L for this label (see [`Gate`]).
+    load: f64,
     global_q: &'a mut ScoreQuantiles,
     rt: &'a mut TargetTrack,
     /// Start of the interval the label measured (TPOT: its first token); a run of far
@@ -734,6 +837,8 @@ fn learn_target<const D: usize>(
         model,
         class_q,
         class_err,
+        gate,
+        load,
         global_q,
         rt,
         span_start_s,
@@ -771,6 +876,16 @@ fn learn_target<const D: usize>(
         }
         return;
     }
+    gate.update(
+        y,
+        mu,
+        upper,
+        load,
+        std::mem::take(&mut model.moved),
+        k.ewma_rate,
+        k.upper_quantile,
+        k.warm_max_log_err,
+    );
     rt.q.update_with(s, y > upper, k.alpha, k.eta_hi, k.eta_mid);
     class_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
     global_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
@@ -821,7 +936,7 @@ fn learn_target<const D: usize>(
         rt.latched = true;
         // A change point: the labels since it say where the replica is now.
         let to = if run_jump { run_mean } else { rt.fast };
-        rt.corr = to.clamp(-Q_LIMIT, Q_LIMIT);
+        rt.corr = to.clamp(-CORR_LIMIT, CORR_LIMIT);
         rt.fast = rt.corr;
         rt.run_n = 0;
         rt.run_sum = 0.0;
@@ -842,14 +957,69 @@ fn learn_target<const D: usize>(
     rt.labels += 1;
     rt.last_label_s = rt.last_label_s.max(at_s);
 
+    // Huber weight against the current fit (θ now, with the correction that would apply
+    // now), not the forecast issued one label-delay ago: under delay the issued forecast
+    // can be from a fit that has since moved, and weighing a label by its distance from a
+    // forecast nobody would make any more down-weights exactly the labels that moved it.
+    // While the class is young (< warm_min labels) every label is information about the
+    // fit, not an outlier, so none is down-weighted.
     let mut w = 1.0 / (y.max(k.floor_ms) * y.max(k.floor_ms));
-    if k.huber_log > 0.0 && s.abs() > k.huber_log {
-        w *= k.huber_log / s.abs();
+    if k.huber_log > 0.0 && model.solved && model.labels().0 >= k.warm_min {
+        let c_now = if k.correction_applies(target, rt) {
+            rt.merged_correction(tau)
+        } else {
+            0.0
+        };
+        let fit = dot(&model.theta, x).max(k.floor_ms) * c_now.exp();
+        let r = (y / fit).ln().abs();
+        if r > k.huber_log {
+            w *= k.huber_log / r;
+        }
     }
     model.add(x, y, w, at_s, &k.solve);
 }
 
 impl Learner {
+    /// A measured decode step on `key`'s replica (ms): the mean gap between one stream's
+    /// tokens, as the router's step clock reads it (or `vllm:generation_tokens_total`'s
+    /// rate over `num_requests_running`). It prices the admission wait of a
+    /// capacity-bound replica (`features::admission_wait_steps`) before any TTFT label
+    /// from that regime can arrive. Invalid values are counted and ignored.
+    pub fn observe_step_time(&mut self, key: ReplicaKey, at_s: f64, step_ms: f64) {
+        if !(step_ms.is_finite() && step_ms > 0.0 && at_s.is_finite()) {
+            Counters::bump(&self.counters.rejected_labels);
+            return;
+        }
+        self.ensure(key);
+        let (Some(ct), Some(rt)) = (
+            self.st.classes.get_mut(&key.class),
+            self.st.replicas.get_mut(&key.replica),
+        ) else {
+            return;
+        };
+        rt.step_ms = step_ewma(rt.step_ms, step_ms, rt.step_n);
+        rt.step_at_s = rt.step_at_s.max(at_s);
+        rt.step_n += 1;
+        ct.step_ms = step_ewma(ct.step_ms, step_ms, ct.step_n);
+        ct.step_n += 1;
+    }
+
+    /// The number of requests decoding on `key`'s replica now (the router's ledger, or
+    /// fresh scraped `running` minus its queued ones). The learner also reads it from
+    /// every labelled sample, but labels arrive one TTFT late; a replica that hit its
+    /// `max_num_seqs` is seen pinned there at once through this call. Invalid values are
+    /// counted and ignored.
+    pub fn observe_running(&mut self, key: ReplicaKey, at_s: f64, decoding_requests: f64) {
+        if !(decoding_requests.is_finite() && decoding_requests >= 0.0 && at_s.is_finite()) {
+            Counters::bump(&self.counters.rejected_labels);
+            return;
+        }
+        self.ensure(key);
+        if let Some(rt) = self.st.replicas.get_mut(&key.replica) {
+            rt.see_running(decoding_requests, at_s);
+        }
+    }
+
     /// Coverage EWMA of a replica's TTFT and TPOT bounds (None for an unknown replica).
     pub fn coverage(&self, replica: u64) -> Option<(f64, f64)> {
         let rt = self.st.replicas.get(&replica)?;

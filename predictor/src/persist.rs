@@ -25,7 +25,7 @@ use crate::snapshot::{Snapshot, SnapshotData};
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
 /// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 4;
+pub const FORMAT_VERSION: u16 = 5;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -192,7 +192,22 @@ fn stats_ok<const D: usize>(s: &DecayStats<D>) -> bool {
 }
 
 fn model_ok<const D: usize>(m: &ClassModel<D>) -> bool {
-    stats_ok(&m.own) && stats_ok(&m.peers) && finite(&m.theta) && m.resid_var.is_finite()
+    stats_ok(&m.own)
+        && stats_ok(&m.peers)
+        && finite(&m.theta)
+        && finite(&m.shape)
+        && m.resid_var.is_finite()
+}
+
+fn gate_ok(g: &crate::class_model::Gate) -> bool {
+    finite(&[
+        g.model_err,
+        g.base_err,
+        g.model_conc,
+        g.base_conc,
+        g.base_log,
+        g.cover,
+    ]) && finite(&g.prev)
 }
 
 fn quant_ok(q: &ScoreQuantiles) -> bool {
@@ -274,12 +289,28 @@ impl Learner {
                 model_ok(&c.ttft)
                     && model_ok(&c.tpot)
                     && quant_ok(&c.ttft_q)
-                    && quant_ok(&c.tpot_q),
+                    && quant_ok(&c.tpot_q)
+                    && gate_ok(&c.ttft_gate)
+                    && gate_ok(&c.tpot_gate)
+                    && c.step_ms.is_finite(),
                 "bad class state",
             )?;
         }
         for (_, r) in &p.replicas {
-            check(track_ok(&r.ttft) && track_ok(&r.tpot), "bad replica state")?;
+            check(
+                track_ok(&r.ttft)
+                    && track_ok(&r.tpot)
+                    && finite(&[
+                        r.step_ms,
+                        r.tpot_step_ms,
+                        r.peak_running,
+                        r.at_peak,
+                        r.stable_base,
+                    ])
+                    && !r.step_at_s.is_nan()
+                    && !r.peak_grew_at_s.is_nan(),
+                "bad replica state",
+            )?;
         }
         for (_, s) in &p.peers {
             check(
@@ -293,6 +324,13 @@ impl Learner {
         for (id, mut c) in p.classes {
             // Priors come from the (possibly updated) configuration.
             let fresh = Learner::class_prior(&l.cfg, id);
+            // A shape that was the old prior (not borrowed from a warm class) follows it.
+            if c.ttft.shape == c.ttft.prior {
+                c.ttft.shape = fresh.0;
+            }
+            if c.tpot.shape == c.tpot.prior {
+                c.tpot.shape = fresh.1;
+            }
             c.ttft.prior = fresh.0;
             c.tpot.prior = fresh.1;
             c.ttft.kappa = fresh.2;

@@ -81,6 +81,10 @@ pub struct Prediction {
     pub ttft_guarded: bool,
     /// True when the recent-error guard widened the TPOT bound.
     pub tpot_guarded: bool,
+    /// The admission-wait feature this TTFT forecast used (ms; 0 when the replica was not
+    /// capacity-bound): the learner learns the label with it, i.e. with the replica's
+    /// step time and slot state as known at dispatch.
+    pub ttft_wait_ms: f64,
 }
 
 impl Prediction {

@@ -11,14 +11,14 @@ use std::sync::Arc;
 use crate::counters::{CounterValues, Counters};
 use crate::fastmap::FastMap;
 use crate::features::{
-    FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, TPOT_DIM, TPOT_FEATURE_NAMES, TTFT_DIM,
-    TTFT_FEATURE_NAMES, all_features, ttft_features,
+    DEFAULT_STEP_MS, FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx, TPOT_DIM,
+    TPOT_FEATURE_NAMES, TTFT_DIM, TTFT_FEATURE_NAMES, all_features_on, ttft_features_on,
 };
 use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
 use crate::observation::{Observation, ReplicaKey};
 use crate::prediction::{ModelState, Prediction, TargetParams};
-use crate::replica::TargetTrack;
+use crate::replica::{STEP_FRESH_S, TargetTrack};
 use crate::report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 
 /// Parameters for one replica (or one class, or the generic fallback).
@@ -26,6 +26,8 @@ use crate::report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 pub(crate) struct Entry {
     pub replica: u64,
     pub class: u64,
+    /// Measured step time and running peak the admission-wait feature uses.
+    pub ctx: ReplicaCtx,
     pub ttft: TargetParams<TTFT_DIM>,
     pub tpot: TargetParams<TPOT_DIM>,
 }
@@ -99,6 +101,13 @@ fn diag(
     }
 }
 
+/// TPOT coefficients that forecast the measured decode step for every placement.
+fn step_theta(step_ms: f64) -> [f64; TPOT_DIM] {
+    let mut t = [0.0; TPOT_DIM];
+    t[0] = step_ms;
+    t
+}
+
 impl Snapshot {
     pub(crate) fn build(l: &Learner, now_s: f64) -> Snapshot {
         let k = &l.k;
@@ -115,6 +124,7 @@ impl Snapshot {
                 &ct.ttft,
                 &ct.ttft_q,
                 &ct.ttft_err,
+                &ct.ttft_gate,
                 gt,
                 None,
                 now_s,
@@ -124,10 +134,15 @@ impl Snapshot {
                 &ct.tpot,
                 &ct.tpot_q,
                 &ct.tpot_err,
+                &ct.tpot_gate,
                 gp,
                 None,
                 now_s,
             );
+            let mut p = p;
+            if !ct.tpot.solved && ct.step_n > 0 {
+                p.theta = step_theta(ct.step_ms);
+            }
             let tau = k.solve.tau_s;
             let eff_t = ct.ttft.merged(tau).decayed_count(now_s, tau);
             let eff_p = ct.tpot.merged(tau).decayed_count(now_s, tau);
@@ -162,9 +177,18 @@ impl Snapshot {
                     now_s,
                 ),
             });
+            let class_step = if ct.step_n > 0 {
+                ct.step_ms
+            } else {
+                DEFAULT_STEP_MS
+            };
             classes.push(Entry {
                 replica: u64::MAX,
                 class: *id,
+                ctx: ReplicaCtx {
+                    step_ms: class_step,
+                    peak_running: 0.0,
+                },
                 ttft: t,
                 tpot: p,
             });
@@ -184,6 +208,7 @@ impl Snapshot {
                 &ct.ttft,
                 &ct.ttft_q,
                 &ct.ttft_err,
+                &ct.ttft_gate,
                 gt,
                 Some(&rt.ttft),
                 now_s,
@@ -193,10 +218,19 @@ impl Snapshot {
                 &ct.tpot,
                 &ct.tpot_q,
                 &ct.tpot_err,
+                &ct.tpot_gate,
                 gp,
                 Some(&rt.tpot),
                 now_s,
             );
+            let mut p = p;
+            if !ct.tpot.solved && rt.step_n > 0 && now_s - rt.step_at_s <= STEP_FRESH_S {
+                // No TPOT label yet (they come at a request's end): the decode step the
+                // router measures on the replica now is the per-token time a request
+                // placed there will see, a better prior than the generic physics (on the
+                // RTX 4090 replay 30 ms measured against 15 ms from the generic θ).
+                p.theta = step_theta(rt.step_ms);
+            }
             replica_diag.push(Diag {
                 ttft: diag(
                     k,
@@ -225,9 +259,18 @@ impl Snapshot {
                     now_s,
                 ),
             });
+            let class_step = if ct.step_n > 0 {
+                ct.step_ms
+            } else {
+                DEFAULT_STEP_MS
+            };
             replicas.push(Entry {
                 replica: *id,
                 class: rt.class,
+                ctx: ReplicaCtx {
+                    step_ms: rt.step_for(now_s, class_step),
+                    peak_running: rt.slot_cap(now_s),
+                },
                 ttft: t,
                 tpot: p,
             });
@@ -243,6 +286,7 @@ impl Snapshot {
             Entry {
                 replica: u64::MAX,
                 class: u64::MAX,
+                ctx: ReplicaCtx::default(),
                 ttft: TargetParams {
                     theta: theta_t,
                     mult: 1.0,
@@ -337,7 +381,7 @@ impl Snapshot {
     pub fn predict(&self, key: ReplicaKey, obs: &Observation) -> Prediction {
         let e = self.entry(key);
         let d = &self.d;
-        let (xt, xp) = self.with_clean(obs, |o| all_features(o, &d.fp));
+        let (xt, xp) = self.with_clean(obs, |o| all_features_on(o, &d.fp, &e.ctx));
         let t = e.ttft.eval(&xt, d.floor_ms, d.guard_factor, d.z_hi);
         let p = e.tpot.eval(&xp, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
@@ -356,6 +400,7 @@ impl Snapshot {
             tpot_log_sigma: p.sigma,
             ttft_guarded: t.guarded,
             tpot_guarded: p.guarded,
+            ttft_wait_ms: xt[6],
         }
     }
 
@@ -365,7 +410,7 @@ impl Snapshot {
     pub fn predict_ttft_ms(&self, key: ReplicaKey, obs: &Observation) -> f64 {
         let e = self.entry(key);
         let d = &self.d;
-        let x = self.with_clean(obs, |o| ttft_features(o, &d.fp));
+        let x = self.with_clean(obs, |o| ttft_features_on(o, &d.fp, &e.ctx));
         e.ttft.mean(&x, d.floor_ms)
     }
 

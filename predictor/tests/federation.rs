@@ -225,6 +225,7 @@ fn a_fresh_node_is_warm_from_its_peers_without_labels() {
     let vsnap = veteran.snapshot(2000.0);
     let mut rng = ChaCha8Rng::seed_from_u64(34);
     let mut errs = Vec::new();
+    let mut same_wait = 0;
     for _ in 0..200 {
         let eng = Engine::a100();
         let s = synth::situation(&mut rng, &eng, &Load::moderate());
@@ -233,11 +234,18 @@ fn a_fresh_node_is_warm_from_its_peers_without_labels() {
         assert_eq!(p.ttft_state, ModelState::Warm);
         errs.push((p.ttft_ms - y).abs() / y);
         let pv = vsnap.predict(ReplicaKey::new(4, 1), &s.obs);
-        assert!(
-            rel(p.ttft_ms, pv.ttft_ms) < 1e-6,
-            "same model and correction as the veteran"
-        );
+        // What a node measured about a replica itself (its step time, the most requests
+        // seen running on it) stays local like calibration, so the admission wait of a
+        // placement at the replica's running peak may differ; everything else is shared.
+        if p.ttft_wait_ms == pv.ttft_wait_ms {
+            same_wait += 1;
+            assert!(
+                rel(p.ttft_ms, pv.ttft_ms) < 1e-6,
+                "same model and correction as the veteran"
+            );
+        }
     }
+    assert!(same_wait >= 150, "{same_wait} of 200 placements compared");
     errs.sort_by(f64::total_cmp);
     eprintln!(
         "fresh node, zero own labels: TTFT MdAPE {:.1}%",

@@ -307,7 +307,15 @@ fn kv_bound_placements_are_learned_through_the_drain_feature() {
         });
     }
     l.tick(4000.0);
-    let drain_ms_per_step = l.coefficients(0, TARGET_TTFT).expect("class 0")[6];
+    // The wait feature is steps × the replica's step time; nothing measured the step
+    // here (TTFT labels only), so it is priced at the default and the coefficient learns
+    // the ratio. It is not the engine's ms per step: the feature counts vLLM's steady
+    // state (a completion admits one prompt, remaining lengths spread evenly), while this
+    // engine frees whole random contexts and its remaining lengths are exponential (the
+    // m-th of n finishes after ≈ R̄·m/n steps, half the even spread's 2R̄·m/n), so the
+    // learned price per counted step is below the engine's (≈ 12 ms here).
+    let drain_ms_per_step = l.coefficients(0, TARGET_TTFT).expect("class 0")[6]
+        * headroom_predictor::features::DEFAULT_STEP_MS;
     eprintln!(
         "KV-bound: {} placements MdAPE {:.1}%; not bound: {} MdAPE {:.1}%; drain coefficient {drain_ms_per_step:.1} ms/step",
         bound.len(),
@@ -321,7 +329,7 @@ fn kv_bound_placements_are_learned_through_the_drain_feature() {
     );
     assert!(mdape(&bound) < 0.2);
     assert!(
-        (5.0..25.0).contains(&drain_ms_per_step),
+        (2.0..25.0).contains(&drain_ms_per_step),
         "learned drain cost {drain_ms_per_step} ms per decode step"
     );
 }

@@ -217,3 +217,55 @@ fn hostile_inputs_are_sanitised_counted_and_never_nan() {
     let after = l.snapshot(101.0).predict(key, &probe);
     assert!(after.ttft_ms.is_finite() && after.ttft_upper_ms.is_finite());
 }
+
+#[test]
+fn replica_measurements_reject_garbage_and_drive_the_admission_wait() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let key = ReplicaKey::new(9, 4);
+    let before = l.counters().rejected_labels;
+    l.observe_step_time(key, 1.0, f64::NAN);
+    l.observe_step_time(key, 1.0, -3.0);
+    l.observe_step_time(key, f64::INFINITY, 30.0);
+    l.observe_running(key, 1.0, f64::NAN);
+    l.observe_running(key, 1.0, -1.0);
+    assert_eq!(l.counters().rejected_labels, before + 5, "each is counted");
+
+    // A replica pinned at 64 running requests for 3 s, 40 ms steps: a request behind 9
+    // queued ones waits for 10 of them to finish.
+    for i in 0..60 {
+        let t = f64::from(i) * 0.05;
+        l.observe_running(key, t, 64.0);
+        l.observe_step_time(key, t, 40.0);
+    }
+    let obs = Observation {
+        prompt_tokens: 500.0,
+        expected_output_tokens: 400.0,
+        queued_requests: 9.0,
+        queued_prefill_tokens: 4_500.0,
+        decoding_requests: 64.0,
+        decode_context_tokens: 64.0 * 700.0,
+        decode_remaining_tokens: 64.0 * 200.0,
+        max_batched_tokens: 2048.0,
+        ..Default::default()
+    };
+    let p = l.snapshot(3.0).predict(key, &obs);
+    // Mid-life (200 generated, 200 left): the 10th of 64 after 400·10/64 steps of 40 ms.
+    let want = 400.0 * 10.0 / 64.0 * 40.0;
+    assert!(
+        (p.ttft_wait_ms - want).abs() < 1e-6,
+        "{} vs {want}",
+        p.ttft_wait_ms
+    );
+    assert!(
+        p.ttft_ms >= want,
+        "the wait is in the forecast: {}",
+        p.ttft_ms
+    );
+    // The same load while the count still climbs is no evidence of a cap.
+    let mut climbing = Learner::new(PredictorConfig::default());
+    for i in 0..60 {
+        climbing.observe_running(key, f64::from(i) * 0.05, f64::from(i + 5));
+    }
+    let p = climbing.snapshot(3.0).predict(key, &obs);
+    assert_eq!(p.ttft_wait_ms, 0.0);
+}
