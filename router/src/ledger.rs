@@ -199,6 +199,11 @@ impl Ledger {
     }
 
     /// When this node last booked a request here (`now_s` axis; 0 if never).
+    /// The replica's engine step time as its streams show it (s; 0 when unknown).
+    pub fn step_s(&self) -> f64 {
+        self.steps.gap_s()
+    }
+
     pub fn last_booked_s(&self) -> f64 {
         f64::from_bits(self.inflow_at.load(Relaxed))
     }

@@ -200,6 +200,16 @@ impl Node {
         m.bound_covered.with_label_values(&[target, covered]).inc();
     }
 
+    /// Tells the trainer what the router measures of `replica` now: its step time and
+    /// decoding count (what prices a capacity-bound replica's admission wait before
+    /// labels from that regime arrive).
+    fn report_replica(&self, l: &Learn, replica: &crate::fleet::Replica) {
+        let gap = replica.ledger.step_s();
+        let decoding = replica.ledger.load(crate::clock::now_s()).decoding_requests;
+        self.trainer
+            .replica_state(l.key, (gap > 0.0).then_some(gap * 1e3), decoding);
+    }
+
     /// The TTFT label, at the first token: scored and handed to the trainer at once.
     pub fn learn_first_token(&self, l: &Learn, ttft_s: f64, reported: Reported) {
         let ttft_ms = ttft_s * 1e3;
@@ -221,6 +231,7 @@ impl Node {
     /// bound: censored).
     fn learn(&self, o: &Outcome) {
         let Some(l) = o.learn else { return };
+        self.report_replica(&l, &o.replica);
         let ok = o.status == OutcomeStatus::Ok;
         let tpot_ms = o.tpot_label_s().map(|s| s * 1e3).filter(|_| ok);
         if let Some(y) = tpot_ms {

@@ -16,7 +16,9 @@ use std::{
 };
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
-use headroom_predictor::{FederationSlot, Learner, PredictorConfig, Sample, SharedPredictor};
+use headroom_predictor::{
+    FederationSlot, Learner, PredictorConfig, ReplicaKey, Sample, SharedPredictor,
+};
 use parking_lot::Mutex;
 
 /// Queue length between the request path and the trainer.
@@ -28,6 +30,14 @@ pub fn wall_s() -> f64 {
 
 enum Msg {
     Sample(Box<Sample>),
+    /// What the router measures of a replica between labels: its engine step time
+    /// (ms, when known) and how many requests decode there now.
+    Replica {
+        key: ReplicaKey,
+        at_s: f64,
+        step_ms: Option<f64>,
+        decoding: f64,
+    },
     PeerSlot(Box<FederationSlot>),
     ForgetPeer(String),
     Export(Sender<FederationSlot>),
@@ -111,6 +121,17 @@ impl Trainer {
         }
     }
 
+    /// The replica's measured step time and decoding count; never blocks (dropped when
+    /// the queue is full: the next one carries the same news).
+    pub fn replica_state(&self, key: ReplicaKey, step_ms: Option<f64>, decoding: f64) {
+        self.send(Msg::Replica {
+            key,
+            at_s: wall_s(),
+            step_ms,
+            decoding,
+        });
+    }
+
     /// A peer's federation slot arrived.
     pub fn merge_peer(&self, slot: FederationSlot) {
         self.send(Msg::PeerSlot(Box::new(slot)));
@@ -164,6 +185,18 @@ fn run(
             Ok(Msg::Sample(s)) => {
                 learner.observe(&s);
                 learned.fetch_add(1, Relaxed);
+                dirty = true;
+            }
+            Ok(Msg::Replica {
+                key,
+                at_s,
+                step_ms,
+                decoding,
+            }) => {
+                if let Some(ms) = step_ms {
+                    learner.observe_step_time(key, at_s, ms);
+                }
+                learner.observe_running(key, at_s, decoding);
                 dirty = true;
             }
             Ok(Msg::PeerSlot(slot)) => {

@@ -49,6 +49,12 @@ impl StepClock {
         self.gap_s.store(new.to_bits(), Relaxed);
     }
 
+    /// The average gap between one stream's tokens (s): the engine's step time; 0 until
+    /// a stream saw two one-token chunks.
+    pub fn gap_s(&self) -> f64 {
+        f64::from_bits(self.gap_s.load(Relaxed))
+    }
+
     /// Expected time left in the step in progress at `now_s` (0 when unknown).
     pub fn residual_s(&self, now_s: f64) -> f64 {
         let gap = f64::from_bits(self.gap_s.load(Relaxed));
