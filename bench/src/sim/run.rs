@@ -185,7 +185,8 @@ impl<'w> Simulator<'w> {
             for _ in 0..g.count {
                 let i = truth.len() as u64;
                 let seed = mix64(cfg.seed ^ mix64(0x6d69_736d_6174_6368 ^ i));
-                let t = if cfg.engine_mismatch > 0.0 {
+                // `!= 0` so that NaN reaches `mismatched` and is refused there.
+                let t = if cfg.engine_mismatch != 0.0 {
                     true_p
                         .mismatched(cfg.engine_mismatch, seed)
                         .map_err(fleet_err)?
@@ -200,9 +201,8 @@ impl<'w> Simulator<'w> {
         for (i, (p, noise)) in truth.iter().enumerate() {
             let mut engine = Engine::new(p, cfg.seed.wrapping_mul(1000).wrapping_add(i as u64))
                 .map_err(fleet_err)?;
-            if *noise > 0.0 {
-                engine.set_step_noise(*noise).map_err(fleet_err)?;
-            }
+            // Always set: 0 turns it off, and a bad value is refused here.
+            engine.set_step_noise(*noise).map_err(fleet_err)?;
             replicas.push(SimReplica {
                 frontend: Frontend::new(p.stream_interval, p.frontend).map_err(fleet_err)?,
                 engine,
