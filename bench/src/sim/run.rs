@@ -4,8 +4,13 @@
 //! a generator seeded by the config, so a run is a pure function of (workload,
 //! config); the router nodes only see what a real router sees — their own bookings,
 //! peers' gossiped bookings (late by the gossip delay), scraped metrics (as of the last
-//! scrape), and the latencies they measure. Nothing reads the engine model's internals
-//! except the `oracle` policy, which exists to bound what is achievable.
+//! scrape), and the latencies they measure. Tokens reach a node as a live router gets
+//! them: in the chunks each replica's front end ([`Frontend`]: stream interval, API-server
+//! cost, steps merged while it is busy) delivers, at the delivery time, so TTFT, ledger
+//! progress and TPOT labels come from chunk arrivals, not engine steps. Engines may run
+//! constants other than the profile the router is configured with (profile files,
+//! `engine_mismatch`); nothing reads the engine model's internals or constants except
+//! the `oracle` policy, which exists to bound what is achievable.
 
 use std::{str::FromStr, sync::Arc, time::Instant};
 
