@@ -106,7 +106,7 @@ fn replay(rows: &[Measured], profile: &Profile, mode: Mode) -> (Samples, u64) {
             return;
         }
         let now = e.now_s();
-        let mut deliver =
+        let deliver =
             |at: f64, fe: &mut Frontend, first: &mut Vec<Option<f64>>, last: &mut Vec<f64>| {
                 let (chunks, next) = fe.complete();
                 for c in chunks {
