@@ -142,6 +142,27 @@ async fn stream(r: &Replica, path: &str, body: Value) -> (Vec<String>, Duration)
     (events, first.expect("some output"))
 }
 
+/// Output tokens in a content chunk: the emulator's filler text is one word per
+/// token, each starting with a space.
+fn words_in(chunk: &Value) -> usize {
+    let choice = &chunk["choices"][0];
+    let text = choice["delta"]["content"]
+        .as_str()
+        .or_else(|| choice["text"].as_str())
+        .unwrap_or("");
+    text.matches(' ').count()
+}
+
+/// Content chunks (not the role chunk, not the usage chunk) of a stream's events.
+fn content_chunks(events: &[String]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).expect("chunk is JSON"))
+        .filter(|c| c["choices"].as_array().is_some_and(|a| !a.is_empty()) && words_in(c) > 0)
+        .collect()
+}
+
 #[tokio::test]
 async fn two_replicas_stream_chat_sse_with_usage_and_done() {
     let a = spawn(&["--profile", "h100-llama3-8b", "--time-scale", "0.05"]);
@@ -169,13 +190,18 @@ async fn two_replicas_stream_chat_sse_with_usage_and_done() {
             .iter()
             .filter(|c| !c["choices"].as_array().expect("choices").is_empty())
             .collect();
-        assert_eq!(content.len(), 7, "role chunk + 6 tokens");
+        // Role chunk, then the 6 tokens: one per chunk unless chunks queued while the
+        // stream was not polled, which go out merged (as vLLM's do).
+        let tokens: Vec<usize> = content[1..].iter().map(|c| words_in(c)).collect();
+        assert_eq!(tokens.iter().sum::<usize>(), 6, "{tokens:?}");
+        assert!(tokens.iter().all(|&n| n >= 1), "{tokens:?}");
+        let last = content.len() - 1;
         assert!(
-            content[..6]
+            content[..last]
                 .iter()
                 .all(|c| c["choices"][0]["finish_reason"].is_null())
         );
-        assert_eq!(content[6]["choices"][0]["finish_reason"], "length");
+        assert_eq!(content[last]["choices"][0]["finish_reason"], "length");
         let usage = &json.last().expect("usage chunk")["usage"];
         assert_eq!(json.last().expect("last")["choices"], json!([]));
         assert_eq!(usage["completion_tokens"], 6);
@@ -495,6 +521,94 @@ async fn sigterm_shuts_down_gracefully() {
         }
         assert!(Instant::now() < deadline, "did not exit");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn stream_interval_packs_tokens_and_continuous_usage_counts_them() {
+    let r = spawn(&["--stream-interval", "4", "--time-scale", "0.2"]);
+    let body = json!({
+        "model": "m", "stream": true, "max_tokens": 10, "ignore_eos": true,
+        "stream_options": {"include_usage": true, "continuous_usage_stats": true},
+        "prompt": "word ".repeat(300),
+    });
+    for round in 0..2 {
+        let (events, _) = stream(&r, "/v1/completions", body.clone()).await;
+        let content = content_chunks(&events);
+        let sizes: Vec<usize> = content.iter().map(words_in).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 10, "{sizes:?}");
+        // First token alone (unless merged), then 4 at a time, the rest at the end.
+        assert!((1..=4).contains(&sizes.len()), "{sizes:?}");
+        let mut cumulative = 0;
+        for (c, n) in content.iter().zip(&sizes) {
+            cumulative += *n as u64;
+            let u = &c["usage"];
+            assert_eq!(
+                u["completion_tokens"], cumulative,
+                "usage is cumulative: {c}"
+            );
+            let prompt = u["prompt_tokens"].as_u64().expect("prompt tokens");
+            assert_eq!(u["total_tokens"], prompt + cumulative);
+        }
+        let last: Value = serde_json::from_str(&events[events.len() - 2]).expect("usage chunk");
+        assert_eq!(last["choices"], json!([]));
+        assert_eq!(last["usage"]["completion_tokens"], 10);
+        let cached = last["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached tokens reported");
+        if round == 0 {
+            assert_eq!(cached, 0, "cold cache");
+        } else {
+            assert!(cached >= 256, "the repeated prompt hits: {cached}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_busy_front_end_delivers_tokens_in_bursts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("busy.toml");
+    // 20 ms of front-end work per chunk against ~6.5 ms decode steps: about three
+    // steps' tokens wait and leave together.
+    std::fs::write(&file, "frontend_chunk_ms = 20.0\nstep_noise = 0.0\n").expect("write");
+    let path = file.to_str().expect("utf8 path");
+    let r = spawn(&["--profile-file", path, "--time-scale", "1"]);
+    let body = json!({
+        "model": "m", "stream": true, "max_tokens": 30, "ignore_eos": true,
+        "stream_options": {"include_usage": true, "continuous_usage_stats": true},
+        "prompt": "hello there",
+    });
+    let (events, _) = stream(&r, "/v1/completions", body).await;
+    let content = content_chunks(&events);
+    let sizes: Vec<usize> = content.iter().map(words_in).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 30, "{sizes:?}");
+    assert!(sizes.len() <= 15, "bursts: {sizes:?}");
+    assert!(sizes.iter().any(|&n| n >= 3), "{sizes:?}");
+}
+
+#[test]
+fn bad_profile_files_fail_with_a_clear_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "stream_interval = -1\n").expect("write");
+    let missing = dir.path().join("missing.toml");
+    for (path, needle) in [(&bad, "bad.toml"), (&missing, "missing.toml")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_headroom-replica"))
+            .args(["--listen", "127.0.0.1:0", "--profile-file"])
+            .arg(path)
+            .output()
+            .expect("run");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{err}");
+    }
+    for flag in [["--step-noise", "NaN"], ["--stream-interval", "0"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_headroom-replica"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flag)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{flag:?} accepted");
     }
 }
 

@@ -4,9 +4,16 @@
 //! - A real production mix (the first 3,000 requests of the Azure 2023 conversation
 //!   trace, three seeds): TTFT and TPOT forecasts within 10% MAPE.
 //! - A synthetic chat + 8-32k-token documents mix (five seeds): TTFT within 10% MAPE
-//!   (8% on average), TPOT within the error that future arrivals leave (see below).
+//!   (8% on average), TPOT within the error that future arrivals leave (see below), on
+//!   exact engines (step noise and front-end cost pinned off: those bars rate the model
+//!   against what is predictable); and on the default, noisy and coalescing engines,
+//!   within those bars plus what step noise alone makes unpredictable.
+//!
+//! Both simulations run with the simulator's defaults (step noise, token coalescing)
+//! unless a test pins them off and says why.
 
 use headroom_bench::{
+    engine::{DEFAULT_STEP_NOISE, ProfileFile},
     report::{RunSummary, summary::ForecastQuality},
     sim::{SimConfig, parse_fleet, result::RequestRecord, simulate},
     workload::{SloRule, Workload},
@@ -27,14 +34,44 @@ const AZURE_CONV: &str = concat!(
 );
 
 fn simulate_on(wl: &Workload, policy: &str, seed: u64) -> (RunSummary, Vec<RequestRecord>) {
-    let cfg = SimConfig {
+    simulate_with(wl, policy, seed, false)
+}
+
+/// `exact`: step noise off and a free front end (one chunk per token, at the step's
+/// end), the simulator as it was before noise and coalescing became defaults.
+fn simulate_with(
+    wl: &Workload,
+    policy: &str,
+    seed: u64,
+    exact: bool,
+) -> (RunSummary, Vec<RequestRecord>) {
+    let mut cfg = SimConfig {
         policy: policy.into(),
         fleet: parse_fleet(FLEET).expect("fleet"),
         seed,
         ..SimConfig::default()
     };
+    if exact {
+        let free = ProfileFile {
+            frontend_step_ms: Some(0.0),
+            frontend_chunk_ms: Some(0.0),
+            ..ProfileFile::default()
+        };
+        cfg.step_noise = 0.0;
+        cfg.engine_files = cfg
+            .fleet
+            .iter()
+            .map(|g| (g.profile.clone(), free.clone()))
+            .collect();
+    }
     let r = simulate(wl, cfg).expect("simulation runs");
     (RunSummary::with_warmup(&r, WARMUP_SHARE), r.records)
+}
+
+/// MAPE points (%) that step noise alone leaves to a perfect predictor of a one-step
+/// TTFT: E|X − 1| for a mean-1 lognormal factor of small log-sd σ is σ·√(2/π).
+fn noise_floor_pct() -> f64 {
+    100.0 * DEFAULT_STEP_NOISE * (2.0 / std::f64::consts::PI).sqrt()
 }
 
 /// The mixed workload of `seed`; the simulator keeps its default seed.
@@ -117,53 +154,90 @@ fn tpot_mape_by_disturbance(recs: &[RequestRecord], tokens: f64) -> (f64, usize,
     (m(calm), calm.1, m(busy), busy.1)
 }
 
+/// Forecast quality of `slo` on the mixed workload of `seed`: (TTFT MAPE, TPOT MAPE,
+/// undisturbed TPOT MAPE), checking coverage and the undisturbed count.
+fn mixed_forecasts(seed: u64, exact: bool) -> (RunSummary, f64, f64, f64) {
+    let wl = mixed(seed);
+    let (slo, recs) = simulate_with(&wl, "slo", SimConfig::default().seed, exact);
+    let ttft = slo.ttft_forecast.clone().expect("ttft forecasts");
+    let tpot = slo.tpot_forecast.clone().expect("tpot forecasts");
+    let (tc, pc) = (ttft.coverage.unwrap_or(0.0), tpot.coverage.unwrap_or(0.0));
+    let kind = if exact { "exact" } else { "default" };
+    println!(
+        "seed {seed} ({kind}): slo attainment {:.3}; TTFT MAPE {:.1}% coverage {tc:.3}; TPOT MAPE {:.1}% coverage {pc:.3}",
+        slo.attainment, ttft.mape_pct, tpot.mape_pct
+    );
+    // The model itself, apart from what the future brings: requests that no later
+    // arrival put more than one step's budget (2,048 tokens) of prefill into.
+    let (calm, n_calm, busy, n_busy) = tpot_mape_by_disturbance(&recs, 2048.0);
+    println!(
+        "seed {seed} ({kind}): TPOT MAPE {calm:.1}% over {n_calm} undisturbed decodes, {busy:.1}% over {n_busy} with later prefills"
+    );
+    assert!(n_calm >= 300, "seed {seed}: {n_calm} undisturbed decodes");
+    assert_coverage(seed, &ttft, &tpot);
+    (slo, ttft.mape_pct, tpot.mape_pct, calm)
+}
+
 #[test]
 fn slo_forecasts_within_bounds_and_beats_every_baseline_on_a_mixed_fleet() {
     let seeds = [1, 2, 3, 4, 5];
-    let (mut ttft_mape, mut tpot_mape) = (0.0, 0.0);
+    let n = seeds.len() as f64;
+    let floor = noise_floor_pct();
+    let (mut exact_ttft, mut exact_tpot, mut ttft_mape, mut tpot_mape) = (0.0, 0.0, 0.0, 0.0);
     for seed in seeds {
+        // Exact engines: the bars this test always had (the model, not the noise).
+        let (_, ttft, tpot, calm) = mixed_forecasts(seed, true);
+        assert!(
+            calm <= 5.0,
+            "seed {seed}: exact undisturbed TPOT MAPE {calm:.1}%"
+        );
+        assert!(ttft <= 10.0, "seed {seed}: exact TTFT MAPE {ttft:.1}%");
+        exact_ttft += ttft / n;
+        exact_tpot += tpot / n;
+        // Default engines (noise, coalescing): the same bars plus the noise floor for
+        // TTFT (4.0 points at log-sd 0.05). Undisturbed TPOT here was 2.6-3.1% on four
+        // seeds and 8.7% on seed 1, where the predictor over-forecast one H100 ~2x for
+        // a stretch: a weakness the exact simulator hid, bounded at 10% rather than 5%.
+        let (slo, ttft, tpot, calm) = mixed_forecasts(seed, false);
+        assert!(
+            calm <= 10.0,
+            "seed {seed}: undisturbed TPOT MAPE {calm:.1}%"
+        );
+        assert!(
+            ttft <= 10.0 + floor,
+            "seed {seed}: TTFT MAPE {ttft:.1}% (bar 10% + noise floor {floor:.1})"
+        );
+        ttft_mape += ttft / n;
+        tpot_mape += tpot / n;
         let wl = mixed(seed);
         let default_seed = SimConfig::default().seed;
-        let (slo, recs) = simulate_on(&wl, "slo", default_seed);
-        let ttft = slo.ttft_forecast.clone().expect("ttft forecasts");
-        let tpot = slo.tpot_forecast.clone().expect("tpot forecasts");
-        let (tc, pc) = (ttft.coverage.unwrap_or(0.0), tpot.coverage.unwrap_or(0.0));
-        println!(
-            "seed {seed}: slo attainment {:.3}; TTFT MAPE {:.1}% coverage {tc:.3}; TPOT MAPE {:.1}% coverage {pc:.3}",
-            slo.attainment, ttft.mape_pct, tpot.mape_pct
-        );
-        // The model itself, apart from what the future brings: requests that no later
-        // arrival put more than one step's budget (2,048 tokens) of prefill into.
-        let (calm, n_calm, busy, n_busy) = tpot_mape_by_disturbance(&recs, 2048.0);
-        println!(
-            "seed {seed}: TPOT MAPE {calm:.1}% over {n_calm} undisturbed decodes, {busy:.1}% over {n_busy} with later prefills"
-        );
-        assert!(
-            calm <= 5.0 && n_calm >= 300,
-            "seed {seed}: undisturbed TPOT MAPE {calm:.1}% over {n_calm}"
-        );
-        ttft_mape += ttft.mape_pct / seeds.len() as f64;
-        tpot_mape += tpot.mape_pct / seeds.len() as f64;
-        assert!(
-            ttft.mape_pct <= 10.0,
-            "seed {seed}: TTFT MAPE {:.1}%",
-            ttft.mape_pct
-        );
-        assert_coverage(seed, &ttft, &tpot);
         assert_beats_baselines(seed, &slo, |base| simulate_on(&wl, base, default_seed).0);
     }
     println!(
-        "over {} seeds: TTFT MAPE {ttft_mape:.1}%, TPOT MAPE {tpot_mape:.1}%",
+        "over {} seeds: exact TTFT MAPE {exact_ttft:.1}%, TPOT MAPE {exact_tpot:.1}%; \
+         default TTFT MAPE {ttft_mape:.1}%, TPOT MAPE {tpot_mape:.1}%",
         seeds.len()
     );
-    assert!(ttft_mape <= 8.0, "TTFT MAPE {ttft_mape:.1}% over the seeds");
+    assert!(
+        exact_ttft <= 8.0,
+        "exact TTFT MAPE {exact_ttft:.1}% over the seeds"
+    );
     // TPOT here depends on documents that arrive while a request decodes (a 20k-token
     // prefill adds ~5 ms to every token of a 2 s chat response): no router can see
     // those at decision time. This bounds what the model leaves on top of that (11.3%
-    // with the Huber-weighted fit; 12.6% with plain squared loss).
+    // with the Huber-weighted fit; 12.6% with plain squared loss). Noise averages out
+    // over a response's tokens, so the default engines keep the same TPOT bar.
+    assert!(
+        exact_tpot <= 12.5,
+        "exact TPOT MAPE {exact_tpot:.1}% over the seeds"
+    );
     assert!(
         tpot_mape <= 12.5,
         "TPOT MAPE {tpot_mape:.1}% over the seeds"
+    );
+    assert!(
+        ttft_mape <= 8.0 + floor,
+        "TTFT MAPE {ttft_mape:.1}% over the seeds (bar 8% + noise floor {floor:.1})"
     );
 }
 

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Mutex};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use headroom_bench::{
+    engine::ProfileFile,
     report::{CapacitySearch, PolicyReport, Report, write_report},
     sim::{ALL_POLICIES, SimConfig, parse_fleet, simulate},
     workload::{SloRule, Workload},
@@ -74,9 +75,18 @@ struct SimArgs {
     /// Metric scrape interval (ms).
     #[arg(long, default_value_t = 100.0)]
     scrape_ms: f64,
-    /// Lognormal step-time noise of the engines.
-    #[arg(long, default_value_t = 0.0)]
+    /// Lognormal step-time noise of the engines (log-sd of a mean-1 factor per step;
+    /// 0 turns it off for exactness checks). Default: measured bound, see CALIBRATION.md.
+    #[arg(long, default_value_t = headroom_bench::engine::DEFAULT_STEP_NOISE)]
     step_noise: f64,
+    /// Mismatched engines: scale every replica's step-time constants by 1 ± this
+    /// (sign per constant and replica, from the seed) away from what its profile says.
+    #[arg(long, default_value_t = 0.0)]
+    engine_mismatch: f64,
+    /// `CLASS=PATH`: the engines of fleet class CLASS run the constants of this engine
+    /// profile file (TOML, or JSON by extension); the router still sees CLASS. Repeatable.
+    #[arg(long = "engine-profile")]
+    engine_profiles: Vec<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Parallel simulations (default: available cores).
@@ -109,6 +119,29 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     };
     let wl = wl.with_slo(&rule);
     let fleet = parse_fleet(&a.fleet).map_err(anyhow::Error::msg)?;
+    let mut engine_files = Vec::new();
+    for spec in &a.engine_profiles {
+        let (class, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--engine-profile `{spec}`: expected CLASS=PATH"))?;
+        anyhow::ensure!(
+            fleet.iter().any(|g| g.profile == class),
+            "--engine-profile `{spec}`: no fleet class `{class}`"
+        );
+        let file = ProfileFile::read(std::path::Path::new(path))?;
+        file.apply(class)?;
+        engine_files.push((class.to_string(), file));
+    }
+    anyhow::ensure!(
+        a.step_noise.is_finite() && (0.0..=2.0).contains(&a.step_noise),
+        "--step-noise {} not in [0, 2]",
+        a.step_noise
+    );
+    anyhow::ensure!(
+        a.engine_mismatch.is_finite() && (0.0..=0.9).contains(&a.engine_mismatch),
+        "--engine-mismatch {} not in [0, 0.9]",
+        a.engine_mismatch
+    );
     let names = policies(&a.policies);
     let base = SimConfig {
         fleet,
@@ -119,6 +152,8 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         gossip_interval_s: a.gossip_interval_ms / 1e3,
         scrape_interval_s: a.scrape_ms / 1e3,
         step_noise: a.step_noise,
+        engine_mismatch: a.engine_mismatch,
+        engine_files,
         seed: a.seed,
         rate_scale: a.rate_scale,
         ..SimConfig::default()
@@ -206,6 +241,11 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     settings.insert("scrape_ms".into(), a.scrape_ms.to_string());
     settings.insert("rate_scale".into(), a.rate_scale.to_string());
     settings.insert("seed".into(), a.seed.to_string());
+    settings.insert("step_noise".into(), a.step_noise.to_string());
+    settings.insert("engine_mismatch".into(), a.engine_mismatch.to_string());
+    if !a.engine_profiles.is_empty() {
+        settings.insert("engine_profiles".into(), a.engine_profiles.join(" "));
+    }
     settings.insert(
         "slo".into(),
         a.slo

@@ -27,6 +27,13 @@ struct Args {
     /// Hardware/model profile (see --list-profiles).
     #[arg(long, default_value = "h100-llama3-8b")]
     profile: String,
+    /// Engine profile file (TOML, or JSON by extension) overriding the profile's
+    /// constants: a replica that runs slower or faster than its published profile.
+    #[arg(long)]
+    profile_file: Option<std::path::PathBuf>,
+    /// Tokens per streamed chunk (vLLM's --stream-interval; default: the profile's, 1).
+    #[arg(long)]
+    stream_interval: Option<u32>,
     /// Print the profile names and exit.
     #[arg(long)]
     list_profiles: bool,
@@ -51,9 +58,10 @@ struct Args {
     /// Serve a LoRA adapter of this name on top of the model (repeatable).
     #[arg(long = "lora")]
     loras: Vec<String>,
-    /// Step-time noise: log-sd of a mean-1 lognormal factor (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    step_noise: f64,
+    /// Step-time noise: log-sd of a mean-1 lognormal factor (0 = off, for exactness).
+    /// Default: the profile file's, else 0.05 (bench/CALIBRATION.md, "Step noise").
+    #[arg(long)]
+    step_noise: Option<f64>,
     /// Fault: probability that a request gets HTTP 500 before any byte.
     #[arg(long, default_value_t = 0.0)]
     error_rate: f64,
@@ -69,7 +77,16 @@ struct Args {
 }
 
 fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
-    let mut profile = Profile::by_name(&args.profile)?;
+    let (mut profile, file_noise) = match &args.profile_file {
+        Some(path) => {
+            let (p, f) = Profile::from_file(path, &args.profile)?;
+            (p, f.step_noise)
+        }
+        None => (Profile::by_name(&args.profile)?, None),
+    };
+    if let Some(v) = args.stream_interval {
+        profile.stream_interval = v;
+    }
     if let Some(v) = args.max_model_len {
         profile.max_model_len = v;
     }
@@ -88,7 +105,10 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         profile,
         time_scale: args.time_scale,
         seed: args.seed,
-        step_noise: args.step_noise,
+        step_noise: args
+            .step_noise
+            .or(file_noise)
+            .unwrap_or(headroom_bench::engine::DEFAULT_STEP_NOISE),
         faults: Faults {
             error_rate: args.error_rate,
             stall: args.stall,

@@ -15,6 +15,9 @@ pub enum EngineError {
     /// The request id is already queued or running.
     #[error("request id {0} is already in the engine")]
     DuplicateId(u64),
+    /// An engine profile file that cannot be read or parsed.
+    #[error("engine profile file {path}: {msg}")]
+    ProfileFile { path: String, msg: String },
     /// A fault/noise knob outside its domain.
     #[error("invalid knob value: {0}")]
     InvalidKnob(String),

@@ -21,6 +21,7 @@
 
 mod block_pool;
 mod error;
+pub mod frontend;
 pub mod hashing;
 mod profile;
 mod request_state;
@@ -28,10 +29,14 @@ mod scheduler;
 mod types;
 
 pub use error::EngineError;
+pub use frontend::{Chunk, Finish, Frontend, FrontendCost};
 pub use hashing::{
     block_hashes_for_hash_ids, block_hashes_for_tokens, block_hashes_for_tokens_salted,
     salt_for_adapter, tokens_for_hash_ids,
 };
-pub use profile::{Admission, Profile, StepCost};
+pub use profile::{
+    Admission, DEFAULT_FRONTEND, DEFAULT_STEP_NOISE, DEFAULT_STREAM_INTERVAL, Profile, ProfileFile,
+    StepCost,
+};
 pub use scheduler::Engine;
 pub use types::{EngineRequest, EngineStats, Event, FinishReason, StepInfo};

@@ -6,6 +6,27 @@
 //! `--num-gpu-blocks`) and then [`Profile::validate`] it.
 
 use super::error::EngineError;
+use super::frontend::FrontendCost;
+
+/// Default log-sd of the per-step lognormal noise factor (mean 1). Grounded in the
+/// measured vLLM 0.19 runs (`shared/traces/llmservingsim-vllm-measured`): gaps between
+/// consecutive distinct token timestamps that span one step have a log-sd of 0.033
+/// (RTX 4090, 25 ms steps) and 0.085 (RTX PRO 6000, 27 ms steps). That spread also
+/// holds real changes of batch composition, so it bounds the noise from above; 0.05
+/// sits inside it (see `bench/CALIBRATION.md`, "Step noise").
+pub const DEFAULT_STEP_NOISE: f64 = 0.05;
+
+/// Default API-server cost (an assumption, not a measurement: Python's per-step output
+/// handling and per-chunk detokenise + serialise + write; see `bench/CALIBRATION.md`,
+/// "Token delivery"). At these costs a front end serving 200 streams spends 10 ms per
+/// step, as long as a busy H100 decode step, and starts to merge steps into bursts.
+pub const DEFAULT_FRONTEND: FrontendCost = FrontendCost {
+    step_ms: 0.1,
+    chunk_ms: 0.05,
+};
+
+/// vLLM's default `--stream-interval` (one token per chunk unless the front end merges).
+pub const DEFAULT_STREAM_INTERVAL: u32 = 1;
 
 /// How much KV a waiting request must find free before it is admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +106,10 @@ pub struct Profile {
     pub admission: Admission,
     /// Step-time constants.
     pub cost: StepCost,
+    /// Tokens per streamed chunk (vLLM's `--stream-interval`).
+    pub stream_interval: u32,
+    /// The API server's CPU cost (what makes chunks arrive in bursts when it is busy).
+    pub frontend: FrontendCost,
 }
 
 /// One row of the profile table.
@@ -216,6 +241,8 @@ impl Profile {
             max_model_len: row.max_model_len,
             admission: Admission::FullInput,
             cost: row.cost,
+            stream_interval: DEFAULT_STREAM_INTERVAL,
+            frontend: DEFAULT_FRONTEND,
         })
     }
 
@@ -255,7 +282,160 @@ impl Profile {
         if costs.iter().any(|v| !v.is_finite() || *v < 0.0) {
             return bad("step-cost constants must be finite and >= 0".into());
         }
+        if self.stream_interval == 0 || self.stream_interval > 4096 {
+            return bad(format!(
+                "stream_interval {} not in 1..=4096",
+                self.stream_interval
+            ));
+        }
+        self.frontend.validate()?;
         Ok(())
+    }
+
+    /// This profile with every step-time constant scaled by its own factor
+    /// `1 ± mismatch` (the sign drawn per constant from `seed`): an engine whose true
+    /// speed differs from the documented one by `mismatch` in each term, as a real
+    /// deployment's does from published figures. `N0` and the limits are kept (the
+    /// operator configures those). Deterministic for a seed.
+    pub fn mismatched(&self, mismatch: f64, seed: u64) -> Result<Profile, EngineError> {
+        if !mismatch.is_finite() || !(0.0..=0.9).contains(&mismatch) {
+            return Err(EngineError::InvalidConfig(format!(
+                "engine mismatch {mismatch} not in [0, 0.9]"
+            )));
+        }
+        let mut p = self.clone();
+        let c = &mut p.cost;
+        let fields = [
+            &mut c.t0_ms,
+            &mut c.c_req_ms,
+            &mut c.w_ms,
+            &mut c.t_tok_ms,
+            &mut c.alpha_ms,
+            &mut c.beta_ms,
+        ];
+        for (k, v) in fields.into_iter().enumerate() {
+            let bit =
+                super::hashing::mix64(seed ^ (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                    & 1;
+            let sign = if bit == 1 { 1.0 } else { -1.0 };
+            *v *= 1.0 + sign * mismatch;
+        }
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// The built-in `base` (or this file's `base`) with a profile file's overrides.
+    pub fn from_file(
+        path: &std::path::Path,
+        base: &str,
+    ) -> Result<(Profile, ProfileFile), EngineError> {
+        let file = ProfileFile::read(path)?;
+        let p = file.apply(base)?;
+        Ok((p, file))
+    }
+}
+
+/// An engine profile file (TOML, or JSON when the name ends in `.json`): a built-in
+/// profile with any of its constants overridden. Every field is optional; unknown
+/// fields are refused (a typo must not silently leave a constant at its default).
+///
+/// ```toml
+/// base = "h100-llama3-8b"   # default: the profile named on the command line
+/// scale = 1.3               # multiplies every step-time constant (a slower engine)
+/// w_ms = 7.0                # or set constants one by one (applied before `scale`)
+/// stream_interval = 4
+/// frontend_chunk_ms = 0.08
+/// step_noise = 0.1
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFile {
+    pub base: Option<String>,
+    pub num_gpu_blocks: Option<u32>,
+    pub max_num_batched_tokens: Option<u32>,
+    pub max_num_seqs: Option<u32>,
+    pub max_model_len: Option<u32>,
+    pub t0_ms: Option<f64>,
+    pub c_req_ms: Option<f64>,
+    pub w_ms: Option<f64>,
+    pub t_tok_ms: Option<f64>,
+    pub n0_tokens: Option<u32>,
+    pub alpha_ms: Option<f64>,
+    pub beta_ms: Option<f64>,
+    /// Multiplies t0, c_req, W, t_tok, α and β (after the per-constant overrides).
+    pub scale: Option<f64>,
+    pub stream_interval: Option<u32>,
+    pub frontend_step_ms: Option<f64>,
+    pub frontend_chunk_ms: Option<f64>,
+    /// Log-sd of the step noise (the engine's noise knob, not part of [`Profile`]).
+    pub step_noise: Option<f64>,
+}
+
+impl ProfileFile {
+    /// Reads and parses `path`; errors name the file.
+    pub fn read(path: &std::path::Path) -> Result<ProfileFile, EngineError> {
+        let err = |msg: String| EngineError::ProfileFile {
+            path: path.display().to_string(),
+            msg,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let file: ProfileFile = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| err(e.to_string()))?
+        } else {
+            toml::from_str(&text).map_err(|e| err(e.to_string()))?
+        };
+        if let Some(s) = file.step_noise
+            && (!s.is_finite() || !(0.0..=2.0).contains(&s))
+        {
+            return Err(err(format!("step_noise {s} not in [0, 2]")));
+        }
+        if let Some(s) = file.scale
+            && (!s.is_finite() || s <= 0.0 || s > 100.0)
+        {
+            return Err(err(format!("scale {s} not in (0, 100]")));
+        }
+        Ok(file)
+    }
+
+    /// The profile `self.base` (else `base`) with these overrides, validated.
+    pub fn apply(&self, base: &str) -> Result<Profile, EngineError> {
+        let mut p = Profile::by_name(self.base.as_deref().unwrap_or(base))?;
+        macro_rules! set {
+            ($($f:ident => $($dst:ident).+),* $(,)?) => {
+                $( if let Some(v) = self.$f { p.$($dst).+ = v; } )*
+            };
+        }
+        set!(
+            num_gpu_blocks => num_gpu_blocks,
+            max_num_batched_tokens => max_num_batched_tokens,
+            max_num_seqs => max_num_seqs,
+            max_model_len => max_model_len,
+            t0_ms => cost.t0_ms,
+            c_req_ms => cost.c_req_ms,
+            w_ms => cost.w_ms,
+            t_tok_ms => cost.t_tok_ms,
+            n0_tokens => cost.n0_tokens,
+            alpha_ms => cost.alpha_ms,
+            beta_ms => cost.beta_ms,
+            stream_interval => stream_interval,
+            frontend_step_ms => frontend.step_ms,
+            frontend_chunk_ms => frontend.chunk_ms,
+        );
+        if let Some(k) = self.scale {
+            let c = &mut p.cost;
+            for v in [
+                &mut c.t0_ms,
+                &mut c.c_req_ms,
+                &mut c.w_ms,
+                &mut c.t_tok_ms,
+                &mut c.alpha_ms,
+                &mut c.beta_ms,
+            ] {
+                *v *= k;
+            }
+        }
+        p.validate()?;
+        Ok(p)
     }
 }
 
@@ -279,6 +459,77 @@ mod tests {
             msg.contains("tpu-v9") && msg.contains("h100-llama3-8b"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn mismatch_moves_every_constant_by_the_given_share_and_repeats_for_a_seed() {
+        let p = Profile::by_name("h100-llama3-8b").expect("exists");
+        let m = p.mismatched(0.3, 5).expect("valid");
+        assert_eq!(m, p.mismatched(0.3, 5).expect("valid"), "deterministic");
+        let pairs = [
+            (p.cost.t0_ms, m.cost.t0_ms),
+            (p.cost.w_ms, m.cost.w_ms),
+            (p.cost.t_tok_ms, m.cost.t_tok_ms),
+            (p.cost.alpha_ms, m.cost.alpha_ms),
+            (p.cost.beta_ms, m.cost.beta_ms),
+        ];
+        for (a, b) in pairs {
+            let r = b / a;
+            assert!(
+                (r - 0.7).abs() < 1e-9 || (r - 1.3).abs() < 1e-9,
+                "ratio {r}"
+            );
+        }
+        let signs = |q: &Profile| {
+            [
+                q.cost.w_ms > p.cost.w_ms,
+                q.cost.t_tok_ms > p.cost.t_tok_ms,
+                q.cost.alpha_ms > p.cost.alpha_ms,
+            ]
+        };
+        let differ = (0..16).any(|s| signs(&p.mismatched(0.3, s).expect("valid")) != signs(&m));
+        assert!(differ, "other seeds draw other signs");
+        assert_eq!(p.mismatched(0.0, 5).expect("valid"), p);
+        assert!(p.mismatched(f64::NAN, 1).is_err());
+        assert!(p.mismatched(-0.1, 1).is_err());
+    }
+
+    #[test]
+    fn profile_files_override_constants_and_refuse_bad_values() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).expect("write");
+            path
+        };
+        let ok = write(
+            "slow.toml",
+            "w_ms = 10.0\nscale = 2.0\nstream_interval = 4\nfrontend_chunk_ms = 0.1\nstep_noise = 0.2\n",
+        );
+        let (p, f) = Profile::from_file(&ok, "a100-llama3-8b").expect("loads");
+        assert_eq!(p.name, "a100-llama3-8b");
+        assert!((p.cost.w_ms - 20.0).abs() < 1e-12, "override then scale");
+        assert!((p.cost.t0_ms - 1.2).abs() < 1e-12);
+        assert_eq!(p.stream_interval, 4);
+        assert_eq!(f.step_noise, Some(0.2));
+        let json = write("x.json", r#"{"base": "l4-llama3-8b", "max_num_seqs": 64}"#);
+        let (p, _) = Profile::from_file(&json, "h100-llama3-8b").expect("loads");
+        assert_eq!((p.name.as_str(), p.max_num_seqs), ("l4-llama3-8b", 64));
+        for (name, text) in [
+            ("neg.toml", "stream_interval = -1\n"),
+            ("zero.toml", "stream_interval = 0\n"),
+            ("nan.toml", "step_noise = nan\n"),
+            ("negcost.toml", "alpha_ms = -1.0\n"),
+            ("typo.toml", "w_mss = 3.0\n"),
+            ("fe.toml", "frontend_step_ms = inf\n"),
+        ] {
+            let path = write(name, text);
+            let err = Profile::from_file(&path, "h100-llama3-8b").expect_err(name);
+            assert!(!err.to_string().is_empty(), "{name}");
+        }
+        let missing = Profile::from_file(&dir.path().join("nope.toml"), "h100-llama3-8b")
+            .expect_err("missing file");
+        assert!(missing.to_string().contains("nope.toml"), "{missing}");
     }
 
     #[test]

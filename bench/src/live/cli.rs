@@ -96,8 +96,8 @@ pub struct LiveArgs {
     /// Model seconds between load samples (0 = none).
     #[arg(long, default_value_t = 1.0)]
     pub load_sample_s: f64,
-    /// Emulator step-time noise (lognormal log-sd).
-    #[arg(long, default_value_t = 0.0)]
+    /// Emulator step-time noise (lognormal log-sd; 0 = off).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_STEP_NOISE)]
     pub step_noise: f64,
     /// Extra argument for every `headroom serve` (repeatable).
     #[arg(long = "serve-arg", allow_hyphen_values = true)]

@@ -364,9 +364,8 @@ async fn start(opts: &LiveOptions, s: &SpawnOptions, st: &mut Started) -> Result
                     .wrapping_add(i as u64)
                     .to_string(),
             ];
-            if s.step_noise > 0.0 {
-                args.extend(["--step-noise".into(), s.step_noise.to_string()]);
-            }
+            // Always passed: the emulator's own default is not 0.
+            args.extend(["--step-noise".into(), s.step_noise.to_string()]);
             let child = ChildProc::spawn(
                 &format!("replica {name}"),
                 &replica_bin,

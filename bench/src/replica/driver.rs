@@ -4,10 +4,13 @@
 //! - Only this task touches the engine; handlers talk to it through a bounded
 //!   command channel and receive tokens on a per-request channel sized for the whole
 //!   request (`max_tokens + 2` messages), so delivery never blocks the driver.
-//! - A step's tokens are delivered at the END of the step: the driver computes the
+//! - A step's tokens leave the engine at the END of the step: the driver computes the
 //!   step, sleeps until its deadline (`duration × time_scale` after the previous
 //!   one; deadline-based, so timer overshoot is caught up rather than accumulated),
-//!   then delivers. Commands that arrive meanwhile join the next step, as in vLLM.
+//!   then hands them to the front-end model ([`Frontend`]: stream interval, API-server
+//!   cost, merging while busy), whose services end on their own deadlines, also while
+//!   the next step runs; each service's chunks are sent when it ends. Commands that
+//!   arrive meanwhile join the next step, as in vLLM.
 //! - While busy, the engine clock advances only by step durations; after an idle or
 //!   stalled period it jumps to wall time / time_scale, so engine TTFTs include
 //!   queueing and stalls.
@@ -23,22 +26,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::faults::Faults;
 use super::metrics::ReplicaMetrics;
-use crate::engine::{Engine, EngineRequest, EngineStats, Event, FinishReason};
-
-/// Why and how a request ended, sent with its last token.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Finish {
-    pub reason: FinishReason,
-    pub prompt_tokens: u32,
-    pub output_tokens: u32,
-    pub cached_tokens: u32,
-}
+pub use crate::engine::Finish;
+use crate::engine::{Chunk, Engine, EngineRequest, EngineStats, Event, Frontend};
 
 /// One message to a request's handler.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delivery {
-    /// One output token; the last one carries how the request finished.
-    Token { finish: Option<Finish> },
+    /// `tokens` new output tokens in one chunk; the last chunk carries how the
+    /// request finished.
+    Chunk { tokens: u32, finish: Option<Finish> },
     /// The engine refused the request.
     Rejected(String),
 }
@@ -56,6 +52,8 @@ pub enum Command {
 /// Everything the driver task owns.
 pub struct Driver {
     pub engine: Engine,
+    /// The API server's delivery model (from the profile's stream settings).
+    pub frontend: Frontend,
     pub commands: mpsc::Receiver<Command>,
     pub faults: watch::Receiver<Faults>,
     pub metrics: Arc<ReplicaMetrics>,
@@ -65,6 +63,9 @@ pub struct Driver {
 
 struct State {
     engine: Engine,
+    frontend: Frontend,
+    /// The front-end service in progress: when it ends (wall) and (model seconds).
+    fe_due: Option<(Instant, f64)>,
     senders: HashMap<u64, mpsc::Sender<Delivery>>,
     metrics: Arc<ReplicaMetrics>,
     last: EngineStats,
@@ -93,6 +94,7 @@ impl State {
             Command::Abort(id) => {
                 if self.senders.remove(&id).is_some() {
                     self.engine.abort(id);
+                    self.frontend.forget(id);
                 }
             }
         }
@@ -104,60 +106,69 @@ impl State {
         self.last = now;
     }
 
-    /// Sends a step's events to their handlers (merging each request's last token
-    /// with its `Finished`), records latencies, aborts requests whose client left.
-    fn deliver(&mut self, events: &[Event]) {
+    /// Records a step's latencies (engine-side, as vLLM's metrics are) and hands its
+    /// tokens to the front end; a service that starts now ends `at` + its cost.
+    fn accept(&mut self, at: Instant, events: &[Event]) {
         let ts = self.time_scale;
+        for ev in events {
+            match *ev {
+                Event::FirstToken { ttft_s, .. } => self.metrics.observe_ttft(ttft_s * ts),
+                Event::Token { itl_s, .. } => self.metrics.observe_itl(itl_s * ts),
+                Event::Finished { e2e_s, .. } => self.metrics.observe_e2e(e2e_s * ts),
+                Event::Preempted { .. } => {}
+            }
+        }
+        let t = self.engine.now_s();
+        if let Some(end) = self.frontend.accept(t, events) {
+            self.schedule(at, t, end);
+        }
+    }
+
+    /// A service started at model time `start` (wall `at`) and ends at model `end`.
+    fn schedule(&mut self, at: Instant, start: f64, end: f64) {
+        if end <= start {
+            self.complete(at, end);
+        } else {
+            let wall = Duration::from_secs_f64((end - start) * self.time_scale);
+            self.fe_due = Some((at + wall, end));
+        }
+    }
+
+    /// Ends the front-end service that ended at `at` (model `end`): sends its chunks
+    /// and starts the next one if work waited.
+    fn complete(&mut self, at: Instant, end: f64) {
+        self.fe_due = None;
+        let (chunks, next) = self.frontend.complete();
+        self.send(&chunks);
+        if let Some(next_end) = next {
+            self.schedule(at, end, next_end);
+        }
+    }
+
+    /// Sends chunks to their handlers; aborts requests whose client left.
+    fn send(&mut self, chunks: &[Chunk]) {
         let mut gone = Vec::new();
-        for (i, ev) in events.iter().enumerate() {
-            let (id, finish) = match *ev {
-                Event::FirstToken { id, ttft_s } => {
-                    self.metrics.observe_ttft(ttft_s * ts);
-                    (id, finish_after(events, i, id))
-                }
-                Event::Token { id, itl_s } => {
-                    self.metrics.observe_itl(itl_s * ts);
-                    (id, finish_after(events, i, id))
-                }
-                Event::Finished { e2e_s, .. } => {
-                    self.metrics.observe_e2e(e2e_s * ts);
-                    continue;
-                }
-                Event::Preempted { .. } => continue,
-            };
-            let Some(tx) = self.senders.get(&id) else {
+        for c in chunks {
+            let Some(tx) = self.senders.get(&c.id) else {
                 continue;
             };
-            let sent = tx.try_send(Delivery::Token { finish }).is_ok();
-            if finish.is_some() {
-                self.senders.remove(&id);
+            let sent = tx
+                .try_send(Delivery::Chunk {
+                    tokens: c.tokens,
+                    finish: c.finish,
+                })
+                .is_ok();
+            if c.finish.is_some() {
+                self.senders.remove(&c.id);
             } else if !sent {
-                gone.push(id);
+                gone.push(c.id);
             }
         }
         for id in gone {
             self.senders.remove(&id);
             self.engine.abort(id);
+            self.frontend.forget(id);
         }
-    }
-}
-
-fn finish_after(events: &[Event], i: usize, id: u64) -> Option<Finish> {
-    match events.get(i + 1) {
-        Some(&Event::Finished {
-            id: fid,
-            reason,
-            prompt_tokens,
-            output_tokens,
-            cached_tokens,
-            ..
-        }) if fid == id => Some(Finish {
-            reason,
-            prompt_tokens,
-            output_tokens,
-            cached_tokens,
-        }),
-        _ => None,
     }
 }
 
@@ -166,6 +177,7 @@ impl Driver {
     pub async fn run(self) {
         let Driver {
             engine,
+            frontend,
             mut commands,
             mut faults,
             metrics,
@@ -174,6 +186,8 @@ impl Driver {
         } = self;
         let mut st = State {
             engine,
+            frontend,
+            fe_due: None,
             senders: HashMap::new(),
             metrics,
             last: EngineStats::default(),
@@ -183,7 +197,7 @@ impl Driver {
         let mut deadline = Instant::now();
         let mut events: Vec<Event> = Vec::new();
         st.publish();
-        loop {
+        'run: loop {
             // Read every iteration: `changed()` below marks versions seen, so a
             // `has_changed()` check here would miss them.
             let f = *faults.borrow_and_update();
@@ -197,8 +211,16 @@ impl Driver {
             }
             if stalled || st.engine.is_idle() {
                 st.publish();
+                let fe = st.fe_due;
+                let fe_at = fe.map_or_else(Instant::now, |(at, _)| at);
                 tokio::select! {
                     _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep_until(fe_at.into()), if fe.is_some() => {
+                        if let Some((at, end)) = fe {
+                            st.complete(at, end);
+                        }
+                        continue;
+                    }
                     cmd = commands.recv() => match cmd {
                         Some(cmd) => {
                             let now = st.model_now();
@@ -218,6 +240,16 @@ impl Driver {
             events.clear();
             events.extend_from_slice(st.engine.events());
             deadline += Duration::from_secs_f64(step.duration_s * time_scale);
+            // Front-end services that end while this step runs deliver on time.
+            while let Some((at, end)) = st.fe_due.filter(|(at, _)| *at < deadline) {
+                if at > Instant::now() {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break 'run,
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                    }
+                }
+                st.complete(at, end);
+            }
             if deadline > Instant::now() {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -231,7 +263,7 @@ impl Driver {
                     break;
                 }
             }
-            st.deliver(&events);
+            st.accept(deadline, &events);
             st.publish();
         }
         // Dropping `st` drops every token sender: open streams end.

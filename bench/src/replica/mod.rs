@@ -32,7 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, EngineError, Profile};
+use crate::engine::{Engine, EngineError, Frontend, Profile};
 use driver::Driver;
 use faults::Faults;
 use metrics::ReplicaMetrics;
@@ -54,7 +54,8 @@ pub struct ReplicaConfig {
     pub time_scale: f64,
     /// Seeds output lengths, filler text, fault draws and step noise.
     pub seed: u64,
-    /// Lognormal log-sd of step-time noise (0 = off).
+    /// Lognormal log-sd of step-time noise (0 = off; the binary's default is
+    /// [`crate::engine::DEFAULT_STEP_NOISE`]).
     pub step_noise: f64,
     /// Fault knobs at start.
     pub faults: Faults,
@@ -107,12 +108,14 @@ pub async fn serve(
     config.validate()?;
     let mut engine = Engine::new(&config.profile, config.seed)?;
     engine.set_step_noise(config.step_noise)?;
+    let frontend = Frontend::new(config.profile.stream_interval, config.profile.frontend)?;
     let metrics = Arc::new(ReplicaMetrics::new(&config.model, &config.profile)?);
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
     let (faults_tx, faults_rx) = watch::channel(config.faults);
     let driver = tokio::spawn(
         Driver {
             engine,
+            frontend,
             commands: cmd_rx,
             faults: faults_rx,
             metrics: metrics.clone(),

@@ -2,7 +2,10 @@
 //! `/v1/chat/completions`.
 //!
 //! Streaming: every event is `data: <json>\n\n`; chat's first chunk carries
-//! `delta.role` (content ""), each token is one chunk, the last content chunk has
+//! `delta.role` (content ""), each chunk carries the tokens the front end delivered
+//! together (one unless the stream interval or a busy front end packed several; with
+//! `continuous_usage_stats` its `usage` is the cumulative count at that chunk), the
+//! last content chunk has
 //! `finish_reason` (and vLLM's `stop_reason: null`); with `include_usage` every chunk
 //! has `"usage": null` and one last chunk has `"choices": []` and the usage
 //! (`prompt_tokens_details.cached_tokens` included, as vLLM does with

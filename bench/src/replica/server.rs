@@ -194,7 +194,8 @@ async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Re
             created: unix_now(),
             model: served,
             include_usage: req.include_usage,
-            continuous_usage: req.continuous_usage,
+            // vLLM: `continuous_usage_stats` only acts together with `include_usage`.
+            continuous_usage: req.include_usage && req.continuous_usage,
             prompt_tokens: n_prompt,
         },
         rx,

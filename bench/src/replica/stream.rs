@@ -70,9 +70,53 @@ struct SseState {
     g: Generation,
     sent: u32,
     done: bool,
+    /// A non-chunk delivery read while merging chunks, handled next.
+    pending: Option<Delivery>,
+}
+
+/// The filler text of tokens `from..from + n` of a request seeded with `seed`.
+fn words(seed: u64, from: u32, n: u32) -> String {
+    (from..from.saturating_add(n))
+        .map(|i| filler_word(seed, i))
+        .collect()
 }
 
 impl SseState {
+    /// The next delivery, with every chunk already queued behind it merged in: a
+    /// stream that was not polled meanwhile (its task busy, the runtime loaded) then
+    /// sends one event with all their tokens, as vLLM's per-request output collector
+    /// merges outputs its stream has not yet taken.
+    async fn next_delivery(&mut self) -> Option<Delivery> {
+        let first = match self.pending.take() {
+            Some(d) => Some(d),
+            None => self.g.rx.recv().await,
+        };
+        let Some(Delivery::Chunk {
+            mut tokens,
+            mut finish,
+        }) = first
+        else {
+            return first;
+        };
+        while finish.is_none() {
+            match self.g.rx.try_recv() {
+                Ok(Delivery::Chunk {
+                    tokens: more,
+                    finish: f,
+                }) => {
+                    tokens += more;
+                    finish = f;
+                }
+                Ok(other) => {
+                    self.pending = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Some(Delivery::Chunk { tokens, finish })
+    }
+
     /// Text for the next delivery; sets `done` after the terminator.
     fn next_chunk(&mut self, delivery: Option<Delivery>) -> String {
         let mut out = String::new();
@@ -81,21 +125,28 @@ impl SseState {
             push_done(out);
         };
         match delivery {
-            Some(Delivery::Token { finish }) => {
-                if self.g.fail_after == Some(self.sent) {
+            Some(Delivery::Chunk { tokens, finish }) => {
+                let meta = &self.g.meta;
+                let index = self.sent;
+                // A mid-stream fault fires after exactly `fail_after` tokens.
+                let fail_at = self.g.fail_after.filter(|&k| index + tokens > k);
+                let sends = fail_at.map_or(tokens, |k| k - index);
+                if index == 0 && sends > 0 && meta.endpoint == Endpoint::Chat {
+                    push_chunk(&mut out, meta, true, "", None, 0);
+                }
+                if let Some(k) = fail_at {
+                    if sends > 0 {
+                        let text = words(self.g.seed, index, sends);
+                        push_chunk(&mut out, meta, false, &text, None, k);
+                    }
                     fail(&mut out, midstream_error());
                     self.done = true;
                     return out; // the guard aborts the engine request
                 }
-                let meta = &self.g.meta;
-                let index = self.sent;
-                self.sent += 1;
-                if index == 0 && meta.endpoint == Endpoint::Chat {
-                    push_chunk(&mut out, meta, true, "", None, 0);
-                }
-                let word = filler_word(self.g.seed, index);
+                self.sent += tokens;
+                let text = words(self.g.seed, index, tokens);
                 let reason = finish.map(|f| f.reason.as_str());
-                push_chunk(&mut out, meta, false, word, reason, self.sent);
+                push_chunk(&mut out, meta, false, &text, reason, self.sent);
                 if let Some(f) = finish {
                     if meta.include_usage {
                         push_usage_chunk(
@@ -134,12 +185,13 @@ pub fn sse_response(g: Generation) -> Response {
         g,
         sent: 0,
         done: false,
+        pending: None,
     };
     let body = stream::unfold(state, |mut s| async move {
         if s.done {
             return None;
         }
-        let delivery = s.g.rx.recv().await;
+        let delivery = s.next_delivery().await;
         let chunk = s.next_chunk(delivery);
         Some((Ok::<_, Infallible>(Bytes::from(chunk)), s))
     });
@@ -159,12 +211,12 @@ pub async fn collect(mut g: Generation) -> Result<Response, ApiError> {
     let mut sent = 0u32;
     loop {
         match g.rx.recv().await {
-            Some(Delivery::Token { finish }) => {
-                if g.fail_after == Some(sent) {
+            Some(Delivery::Chunk { tokens, finish }) => {
+                if g.fail_after.is_some_and(|k| sent + tokens > k) {
                     return Err(midstream_error());
                 }
-                text.push_str(filler_word(g.seed, sent));
-                sent += 1;
+                text.push_str(&words(g.seed, sent, tokens));
+                sent += tokens;
                 if let Some(f) = finish {
                     g.guard.armed = false;
                     let usage = Usage {

@@ -88,8 +88,16 @@ pub struct SimConfig {
     /// still stops at the true output length; the router does not know it).
     pub max_tokens_factor: f64,
     pub max_tokens_min: u32,
-    /// Lognormal step-time noise of the engines (0 = none).
+    /// Lognormal step-time noise of the engines (0 = none; default
+    /// [`crate::engine::DEFAULT_STEP_NOISE`]). A class's profile file may set its own.
     pub step_noise: f64,
+    /// Mismatched engines: every replica's step-time constants are scaled by `1 ± this`
+    /// (sign per constant and replica, drawn from the seed) away from its profile's,
+    /// which the router's configuration still names. 0 = engines as documented.
+    pub engine_mismatch: f64,
+    /// Per-class engine profile files (class name, overrides): the true engines of that
+    /// class run these constants; the router still sees the class name.
+    pub engine_files: Vec<(String, crate::engine::ProfileFile)>,
     pub slowdowns: Vec<Slowdown>,
     pub seed: u64,
     /// Arrival rate multiplier.
@@ -122,7 +130,9 @@ impl Default for SimConfig {
             fallback: Fallback::LeastBad,
             max_tokens_factor: 2.0,
             max_tokens_min: 256,
-            step_noise: 0.0,
+            step_noise: crate::engine::DEFAULT_STEP_NOISE,
+            engine_mismatch: 0.0,
+            engine_files: Vec::new(),
             slowdowns: Vec::new(),
             seed: 1,
             rate_scale: 1.0,

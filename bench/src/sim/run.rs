@@ -4,8 +4,13 @@
 //! a generator seeded by the config, so a run is a pure function of (workload,
 //! config); the router nodes only see what a real router sees — their own bookings,
 //! peers' gossiped bookings (late by the gossip delay), scraped metrics (as of the last
-//! scrape), and the latencies they measure. Nothing reads the engine model's internals
-//! except the `oracle` policy, which exists to bound what is achievable.
+//! scrape), and the latencies they measure. Tokens reach a node as a live router gets
+//! them: in the chunks each replica's front end ([`Frontend`]: stream interval, API-server
+//! cost, steps merged while it is busy) delivers, at the delivery time, so TTFT, ledger
+//! progress and TPOT labels come from chunk arrivals, not engine steps. Engines may run
+//! constants other than the profile the router is configured with (profile files,
+//! `engine_mismatch`); nothing reads the engine model's internals or constants except
+//! the `oracle` policy, which exists to bound what is achievable.
 
 use std::{str::FromStr, sync::Arc, time::Instant};
 
@@ -33,7 +38,8 @@ use super::{
 };
 use crate::{
     engine::{
-        Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids, tokens_for_hash_ids,
+        Chunk, Engine, EngineRequest, Frontend, Profile, block_hashes_for_hash_ids, hashing::mix64,
+        tokens_for_hash_ids,
     },
     workload::Workload,
 };
@@ -47,6 +53,8 @@ enum Ev {
     /// A deferred request asks again.
     Retry(u32),
     StepEnd(u32),
+    /// A replica's front end finishes a service: its chunks reach the router.
+    Frontend(u32),
     Scrape(u32),
     Gossip,
     GossipDeliver(u32),
@@ -58,6 +66,8 @@ enum Ev {
 
 struct SimReplica {
     engine: Engine,
+    /// The API server: when the engine's tokens reach the router, and in what chunks.
+    frontend: Frontend,
     stepping: bool,
     /// Requests placed here and not finished (ground truth, for load samples).
     inflight: u32,
@@ -156,23 +166,50 @@ impl<'w> Simulator<'w> {
         if wl.requests.is_empty() {
             return Err(SimError::EmptyWorkload);
         }
+        // `profiles` are what the router's configuration says (class name, limits);
+        // `truth` what each engine really runs (profile files, mismatch).
         let mut profiles = Vec::new();
+        let mut truth = Vec::new();
+        let fleet_err = |e: crate::engine::EngineError| SimError::Fleet(e.to_string());
         for g in &cfg.fleet {
-            let p = Profile::by_name(&g.profile).map_err(|e| SimError::Fleet(e.to_string()))?;
+            let p = Profile::by_name(&g.profile).map_err(fleet_err)?;
+            let file = cfg.engine_files.iter().find(|(c, _)| *c == g.profile);
+            let (true_p, noise) = match file {
+                Some((_, f)) => {
+                    let mut t = f.apply(&g.profile).map_err(fleet_err)?;
+                    t.name = g.profile.clone();
+                    (t, f.step_noise.unwrap_or(cfg.step_noise))
+                }
+                None => (p.clone(), cfg.step_noise),
+            };
+            // The router is configured with the engine's real limits (an operator sets
+            // them); only the speed is unknown to it.
+            let mut view = p;
+            view.max_num_batched_tokens = true_p.max_num_batched_tokens;
+            view.max_model_len = true_p.max_model_len;
             for _ in 0..g.count {
-                profiles.push(p.clone());
+                let i = truth.len() as u64;
+                let seed = mix64(cfg.seed ^ mix64(0x6d69_736d_6174_6368 ^ i));
+                // `!= 0` so that NaN reaches `mismatched` and is refused there.
+                let t = if cfg.engine_mismatch != 0.0 {
+                    true_p
+                        .mismatched(cfg.engine_mismatch, seed)
+                        .map_err(fleet_err)?
+                } else {
+                    true_p.clone()
+                };
+                truth.push((t, noise));
+                profiles.push(view.clone());
             }
         }
         let mut replicas = Vec::new();
-        for (i, p) in profiles.iter().enumerate() {
+        for (i, (p, noise)) in truth.iter().enumerate() {
             let mut engine = Engine::new(p, cfg.seed.wrapping_mul(1000).wrapping_add(i as u64))
-                .map_err(|e| SimError::Fleet(e.to_string()))?;
-            if cfg.step_noise > 0.0 {
-                engine
-                    .set_step_noise(cfg.step_noise)
-                    .map_err(|e| SimError::Fleet(e.to_string()))?;
-            }
+                .map_err(fleet_err)?;
+            // Always set: 0 turns it off, and a bad value is refused here.
+            engine.set_step_noise(*noise).map_err(fleet_err)?;
             replicas.push(SimReplica {
+                frontend: Frontend::new(p.stream_interval, p.frontend).map_err(fleet_err)?,
                 engine,
                 stepping: false,
                 inflight: 0,
@@ -257,6 +294,7 @@ impl<'w> Simulator<'w> {
                 Ev::Arrival(i) => self.arrive(i as usize, t),
                 Ev::Retry(i) => self.decide(i as usize, t),
                 Ev::StepEnd(r) => self.step_end(r as usize, t),
+                Ev::Frontend(r) => self.frontend_done(r as usize, t),
                 Ev::Scrape(n) => self.scrape(n as usize, t),
                 Ev::Gossip => self.gossip_send(t),
                 Ev::GossipDeliver(b) => self.gossip_deliver(b as usize),
@@ -569,40 +607,53 @@ impl<'w> Simulator<'w> {
         self.q.push(end, Ev::StepEnd(r as u32));
     }
 
+    /// A step ended: its tokens go to the replica's front end, which delivers them now
+    /// (idle and free), later (a service with a cost), or after the service in progress.
     fn step_end(&mut self, r: usize, t: f64) {
-        let events: Vec<Event> = self.replicas[r].engine.events().to_vec();
-        for ev in events {
-            match ev {
-                Event::FirstToken { id, .. } => {
-                    if let Some(l) = self.live[id as usize].as_mut() {
-                        l.first_s = Some(t);
-                        l.last_s = t;
-                        l.tokens = 1;
-                        l.booking.first_token(t);
-                        l.booking.generated(1, t);
-                    }
-                }
-                Event::Token { id, .. } => {
-                    if let Some(l) = self.live[id as usize].as_mut() {
-                        l.last_s = t;
-                        l.tokens += 1;
-                        l.booking.generated(1, t);
-                    }
-                }
-                Event::Finished {
-                    id,
-                    output_tokens,
-                    cached_tokens,
-                    ..
-                } => {
-                    self.finish(id as usize, output_tokens, cached_tokens, t);
-                }
-                Event::Preempted { .. } => {}
-            }
+        let rep = &mut self.replicas[r];
+        if let Some(end) = rep.frontend.accept(t, rep.engine.events()) {
+            self.frontend_at(r, end, t);
         }
         self.replicas[r].stepping = false;
         if !self.replicas[r].engine.is_idle() {
             self.start_step(r, t);
+        }
+    }
+
+    /// Delivers a service ending at `end` now if it ends now, else at `end`.
+    fn frontend_at(&mut self, r: usize, end: f64, t: f64) {
+        if end <= t {
+            self.frontend_done(r, t);
+        } else {
+            self.q.push(end, Ev::Frontend(r as u32));
+        }
+    }
+
+    /// A front-end service ended at `t`: the router sees its chunks.
+    fn frontend_done(&mut self, r: usize, t: f64) {
+        let (chunks, next) = self.replicas[r].frontend.complete();
+        for c in chunks {
+            self.deliver(c, t);
+        }
+        if let Some(end) = next {
+            self.frontend_at(r, end, t);
+        }
+    }
+
+    /// One chunk reaches the router at `t`: what a live router measures TTFT, TPOT and
+    /// its ledger's progress from.
+    fn deliver(&mut self, c: Chunk, t: f64) {
+        if let Some(l) = self.live[c.id as usize].as_mut() {
+            if c.first {
+                l.first_s = Some(t);
+                l.booking.first_token(t);
+            }
+            l.last_s = t;
+            l.tokens += c.tokens;
+            l.booking.generated(c.tokens, t);
+        }
+        if let Some(f) = c.finish {
+            self.finish(c.id as usize, f.output_tokens, f.cached_tokens, t);
         }
     }
 
