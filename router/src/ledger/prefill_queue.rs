@@ -70,16 +70,8 @@ impl HeadView {
     pub fn progress(&self, now_s: f64) -> HeadProgress {
         let elapsed = (now_s - self.since_s).max(0.0);
         let window = self.expected_first_s - self.since_s;
-        // The forecast paces progress, but never faster than the measured prefill rate:
-        // a forecast biased low would otherwise empty the queue it is predicted from,
-        // and the next forecast would be lower still.
         let done = if window >= MIN_SERVICE_S {
-            let paced = self.uncached * (elapsed / window);
-            if self.rate_tps > 0.0 {
-                paced.min(self.rate_tps * elapsed)
-            } else {
-                paced
-            }
+            self.uncached * (elapsed / window)
         } else {
             self.rate_tps * elapsed
         };

@@ -74,6 +74,8 @@ struct Rec {
     pred_ttft_ms: f64,
     pred_ttft_upper_ms: f64,
     itl_ms: Option<f64>,
+    /// The engine's own TTFT for the request (ms), where it reports one.
+    engine_ttft_ms: Option<f64>,
     /// The stream's reads (time, tokens), when the client asked for per-chunk usage.
     reads: Vec<(f64, u32)>,
     pred_tpot_ms: f64,
@@ -88,6 +90,7 @@ fn rec(s: &Streamed, done_at: f64) -> Option<Rec> {
         pred_ttft_ms: s.header_f64("x-headroom-predicted-ttft-ms")?,
         pred_ttft_upper_ms: s.header_f64("x-headroom-predicted-ttft-upper-ms")?,
         itl_ms: s.engine_itl_ms,
+        engine_ttft_ms: s.engine_ttft_ms,
         reads: s.reads.clone(),
         pred_tpot_ms: s.header_f64("x-headroom-predicted-tpot-ms")?,
         pred_tpot_upper_ms: s.header_f64("x-headroom-predicted-tpot-upper-ms")?,
@@ -389,6 +392,25 @@ async fn one_seed(env: &Env, plan: &Plan, seed: u64) -> (Vec<Score>, Vec<(f64, f
                 w.cold_after
             );
         }
+        // Where the TTFT goes: the engine's own share, and what the API server and the
+        // network add on top (client TTFT − engine TTFT), as p10 / p50 / p90.
+        let mut extra: Vec<f64> = scored
+            .iter()
+            .filter_map(|x| Some(x.ttft_ms - x.engine_ttft_ms?))
+            .collect();
+        extra.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            extra
+                .get(((extra.len() as f64 - 1.0) * p) as usize)
+                .copied()
+        };
+        println!(
+            "    client TTFT − engine TTFT (ms) p10 / p50 / p90: {:.1?} / {:.1?} / {:.1?}; client TTFT p50 {:.1} ms",
+            q(0.1),
+            q(0.5),
+            q(0.9),
+            median(scored.iter().map(|x| x.ttft_ms).collect()),
+        );
         let est = compare_estimators(&mine);
         println!(
             "    client-side stream TPOT vs the engine's (within 15% / below a quarter / n): \
