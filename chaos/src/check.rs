@@ -140,10 +140,7 @@ pub fn output_integrity(records: &[Record]) -> Check {
         .iter()
         .filter(|r| r.facts.content_events > 0)
         .count();
-    let tokens: u64 = records
-        .iter()
-        .map(|r| u64::from(r.facts.content_events))
-        .sum();
+    let tokens: u64 = records.iter().map(|r| u64::from(r.facts.tokens)).sum();
     let mut detail = format!(
         "{streams} streams with output, {tokens} tokens checked; {} responses violate",
         bad.len()

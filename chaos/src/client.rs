@@ -120,7 +120,7 @@ impl Record {
     /// Time per output token after the first (wall seconds), for streams of ≥ 2 tokens.
     pub fn tpot_s(&self) -> Option<f64> {
         let (a, b) = (self.first_token_s?, self.last_token_s?);
-        let n = self.facts.content_events;
+        let n = self.facts.tokens;
         (n >= 2).then(|| (b - a) / f64::from(n - 1))
     }
 }
@@ -153,7 +153,8 @@ fn body_for(spec: &RequestSpec, model: &str) -> Bytes {
     };
     if spec.kind != Kind::Whole {
         v["stream"] = json!(true);
-        v["stream_options"] = json!({"include_usage": true});
+        // Per-chunk counts: a chunk may carry several tokens (see `stream_check`).
+        v["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
     }
     Bytes::from(v.to_string())
 }
@@ -293,10 +294,7 @@ async fn read_answer(
     let mut abandoned = false;
     let read = async {
         while let Some(frame) = body.frame().await {
-            if spec
-                .abandon_after
-                .is_some_and(|k| rec.facts.content_events >= k)
-            {
+            if spec.abandon_after.is_some_and(|k| rec.facts.tokens >= k) {
                 abandoned = true;
                 break;
             }

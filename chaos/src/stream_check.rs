@@ -2,8 +2,10 @@
 //!
 //! A stream is sound when every event belongs to one completion (one `id`), chat
 //! opens with at most one role chunk, `data: [DONE]` comes exactly once and last, at
-//! most one usage object arrives, and the generated tokens (content events; the
-//! emulator sends one token per event) never exceed `max_tokens` or the usage count.
+//! most one final usage object arrives, and the generated tokens never exceed
+//! `max_tokens` or the usage count. Tokens are counted from each chunk's own usage
+//! (clients ask for `continuous_usage_stats`: the emulator, like vLLM, packs several
+//! tokens into one chunk when its stream is not read), else one per content event.
 //! A router that retried a stream after its first byte would splice a second
 //! completion in: a second id, a second role chunk, or more tokens than asked.
 
@@ -15,6 +17,12 @@ use serde_json::Value;
 pub struct StreamFacts {
     /// Events carrying generated text.
     pub content_events: u32,
+    /// Tokens generated so far: the latest content chunk's cumulative usage, else one
+    /// per content event.
+    pub tokens: u32,
+    /// Some content chunk carried its own usage.
+    #[serde(skip)]
+    chunk_usage: bool,
     /// Distinct completion ids seen (sound: at most 1).
     pub distinct_ids: u32,
     /// Chat chunks that open an assistant message.
@@ -26,7 +34,7 @@ pub struct StreamFacts {
     pub error_events: u32,
     /// An error event was followed by `[DONE]`.
     pub error_then_done: bool,
-    /// Usage objects seen, and the last completion count.
+    /// Final usage objects seen (chunks without choices), and their completion count.
     pub usage_events: u32,
     pub usage_tokens: Option<u32>,
     /// Payloads that were neither JSON nor `[DONE]`.
@@ -64,12 +72,25 @@ impl StreamFacts {
         if let Some(id) = v.get("id").and_then(Value::as_str) {
             self.note_id(id);
         }
-        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            self.usage_events += 1;
-            self.usage_tokens = u
-                .get("completion_tokens")
+        let has_choices = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty());
+        let usage_tokens = v.get("usage").filter(|u| !u.is_null()).map(|u| {
+            u.get("completion_tokens")
                 .and_then(Value::as_u64)
-                .and_then(|n| u32::try_from(n).ok());
+                .and_then(|n| u32::try_from(n).ok())
+        });
+        match (usage_tokens, has_choices) {
+            (Some(n), false) => {
+                self.usage_events += 1;
+                self.usage_tokens = n;
+            }
+            (Some(Some(n)), true) => {
+                self.chunk_usage = true;
+                self.tokens = self.tokens.max(n);
+            }
+            _ => {}
         }
         let mut content = false;
         for c in v
@@ -93,6 +114,9 @@ impl StreamFacts {
         }
         if content {
             self.content_events += 1;
+            if !self.chunk_usage {
+                self.tokens += 1;
+            }
         }
         content
     }
@@ -118,17 +142,17 @@ impl StreamFacts {
     /// are sent with `ignore_eos`).
     pub fn violations(&self, max_tokens: u32, complete: bool) -> Vec<String> {
         let mut v = Vec::new();
-        if self.content_events > max_tokens {
+        if self.tokens > max_tokens {
             v.push(format!(
                 "{} tokens streamed for max_tokens {max_tokens}",
-                self.content_events
+                self.tokens
             ));
         }
         if let Some(u) = self.usage_tokens {
-            if self.content_events > u {
+            if self.tokens > u {
                 v.push(format!(
                     "{} tokens streamed but usage says {u}",
-                    self.content_events
+                    self.tokens
                 ));
             }
             if u > max_tokens {
@@ -153,10 +177,10 @@ impl StreamFacts {
         if self.usage_events > 1 {
             v.push(format!("{} usage objects", self.usage_events));
         }
-        if complete && self.content_events != max_tokens {
+        if complete && self.tokens != max_tokens {
             v.push(format!(
                 "successful stream delivered {} of {max_tokens} tokens",
-                self.content_events
+                self.tokens
             ));
         }
         v
@@ -192,6 +216,29 @@ mod tests {
             f.violations(2, true)
         );
         assert_eq!(f.violations(3, true).len(), 1);
+    }
+
+    #[test]
+    fn coalesced_chunks_count_their_tokens() {
+        // Three tokens in two chunks, as a stream that was not read for a while gets.
+        let f = feed(&[
+            r#"{"id":"a","choices":[{"text":" x"}],"usage":{"completion_tokens":1}}"#,
+            r#"{"id":"a","choices":[{"text":" y z"}],"usage":{"completion_tokens":3}}"#,
+            r#"{"id":"a","choices":[],"usage":{"completion_tokens":3}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!((f.content_events, f.tokens, f.usage_events), (2, 3, 1));
+        assert!(
+            f.violations(3, true).is_empty(),
+            "{:?}",
+            f.violations(3, true)
+        );
+        assert_eq!(
+            f.violations(2, true).len(),
+            3,
+            "{:?}",
+            f.violations(2, true)
+        );
     }
 
     #[test]

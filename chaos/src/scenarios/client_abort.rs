@@ -119,13 +119,13 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
                 r.facts
                     .usage_tokens
                     .filter(|_| r.facts.content_events == 0)
-                    .unwrap_or(r.facts.content_events),
+                    .unwrap_or(r.facts.tokens),
             )
         })
         .sum();
     let unread_if_kept: f64 = quit
         .iter()
-        .map(|r| f64::from(r.max_tokens.saturating_sub(r.facts.content_events)))
+        .map(|r| f64::from(r.max_tokens.saturating_sub(r.facts.tokens)))
         .sum();
     let generated = f.log.numbers.get("generated_tokens").copied();
     let waste = generated.map(|g| g - delivered);

@@ -51,7 +51,7 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
         .collect();
     let over_half = broken
         .iter()
-        .filter(|r| r.facts.content_events > r.max_tokens / 2 + 1)
+        .filter(|r| r.facts.tokens > r.max_tokens / 2 + 1)
         .count();
     let one_error = broken
         .iter()
