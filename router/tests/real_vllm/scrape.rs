@@ -134,24 +134,52 @@ pub async fn run(env: &Env) {
             );
         }
     };
+    // Busy with a queue: what makes the comparison worth doing. Each server is watched
+    // by its own poller and latched once seen so: a busy server's `/metrics` can take
+    // seconds to answer, and the fast server of the pair may drain its share meanwhile.
+    let latched: Vec<_> = env
+        .urls
+        .iter()
+        .map(|u| {
+            let u = u.clone();
+            tokio::spawn(async move {
+                let until = Instant::now() + Duration::from_secs(45);
+                loop {
+                    let v = engine(&u).await;
+                    if v.running >= 2.0 && v.waiting >= 1.0 {
+                        return true;
+                    }
+                    if Instant::now() > until {
+                        return false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        })
+        .collect();
+    let mut watch = tokio::spawn(async move {
+        let mut out = Vec::new();
+        for l in latched {
+            out.push(l.await.unwrap_or(false));
+        }
+        out
+    });
     loop {
         see_peak(&mut peak, &r.debug_replicas().await);
-        let views = engines(env).await;
-        // Busy with a queue: what makes the comparison worth doing. Each server is
-        // latched once seen so (not all at one instant: on a loaded machine a server's
-        // `/metrics` can take seconds to answer, and a fast one may drain first).
-        for (l, v) in loaded.iter_mut().zip(&views) {
-            *l |= v.running >= 2.0 && v.waiting >= 1.0;
+        tokio::select! {
+            got = &mut watch => {
+                loaded = got.expect("pollers");
+                break;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
-        if loaded.iter().all(|l| *l) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "load never arrived: {views:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        loaded.iter().all(|l| *l),
+        "load never arrived on every server within 45 s: {loaded:?}, now {:?} (after {:.1} s)",
+        engines(env).await,
+        t0.elapsed().as_secs_f64()
+    );
     let mut counts = vec![[0u32; 3]; n_srv];
     for _ in 0..12 {
         let a = engines(env).await;
