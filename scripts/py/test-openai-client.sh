@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 
 VENV="$(scripts/py/setup-clients.sh | tail -n 1)"
 cargo build -q --release -p headroom -p headroom-bench --bin headroom --bin headroom-replica
-BIN=target/release
+BIN="${CARGO_TARGET_DIR:-target}/release"
 WORK="$(mktemp -d)"
 PIDS=()
 cleanup() {
