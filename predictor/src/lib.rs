@@ -24,6 +24,7 @@ pub mod error;
 mod fastmap;
 pub mod features;
 pub mod federation;
+pub mod journal;
 mod learner;
 mod linalg;
 mod normal;
@@ -42,6 +43,7 @@ pub use error::{ConfigError, FederationError, PersistError};
 pub use federation::{
     CorrectionEntry, FederationSlot, MergeOutcome, StatsBlock, TARGET_TPOT, TARGET_TTFT,
 };
+pub use journal::{Issued, JournalEntry, read_journal};
 pub use learner::{Learner, Sample};
 pub use normal::{normal_quantile, normal_sf};
 pub use observation::{Observation, ReplicaKey};

@@ -53,6 +53,9 @@ pub struct RouterConfig {
     pub predictor: PredictorConfig,
     /// Warm-start the predictor from this file and save it there on shutdown.
     pub predictor_state: Option<PathBuf>,
+    /// Append every input the learner receives to this file, one JSON line each
+    /// (`headroom_predictor::JournalEntry`), for replaying real labels offline.
+    pub predictor_journal: Option<PathBuf>,
     /// How often the trainer publishes a new predictor snapshot (ms).
     pub predictor_publish_ms: u64,
     /// The mesh (off unless `mesh.listen` is set).
@@ -79,6 +82,7 @@ impl Default for RouterConfig {
             prefix_affinity: PrefixAffinity::default(),
             predictor: PredictorConfig::default(),
             predictor_state: None,
+            predictor_journal: None,
             predictor_publish_ms: 100,
             mesh: MeshSettings::default(),
         }

@@ -83,7 +83,8 @@ impl Node {
             &cfg.node_id(),
             std::time::Duration::from_millis(cfg.predictor_publish_ms),
             cfg.predictor_state.clone(),
-        );
+            cfg.predictor_journal.clone(),
+        )?;
         let policy = build_policy(cfg.policy, &trainer, &cfg)?;
         Ok(Arc::new(Node {
             trainer,

@@ -17,12 +17,65 @@ use std::{
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use headroom_predictor::{
-    FederationSlot, Learner, PredictorConfig, ReplicaKey, Sample, SharedPredictor,
+    FederationSlot, JournalEntry, Learner, PredictorConfig, ReplicaKey, Sample, SharedPredictor,
 };
 use parking_lot::Mutex;
 
 /// Queue length between the request path and the trainer.
 const QUEUE: usize = 8192;
+/// Entries a journal holds at most (~0.8 KB each): it stops growing there, and says so.
+const JOURNAL_MAX_ENTRIES: u64 = 2_000_000;
+
+/// The learner's inputs written as they arrive (see `headroom_predictor::journal`), on
+/// the trainer thread, never on the request path.
+struct Journal {
+    out: std::io::BufWriter<std::fs::File>,
+    path: PathBuf,
+    written: u64,
+    failed: bool,
+}
+
+impl Journal {
+    fn open(path: PathBuf) -> anyhow::Result<Journal> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| anyhow::anyhow!("predictor_journal {path:?}: {e}"))?;
+        Ok(Journal {
+            out: std::io::BufWriter::new(f),
+            path,
+            written: 0,
+            failed: false,
+        })
+    }
+
+    fn write(&mut self, e: &JournalEntry) {
+        if self.failed {
+            return;
+        }
+        if self.written >= JOURNAL_MAX_ENTRIES {
+            tracing::warn!(
+                "predictor journal {:?} is full ({JOURNAL_MAX_ENTRIES} entries); no more written",
+                self.path
+            );
+            self.failed = true;
+            return;
+        }
+        if let Err(err) = e.write_line(&mut self.out) {
+            tracing::warn!("predictor journal {:?}: {err}; no more written", self.path);
+            self.failed = true;
+        }
+        self.written += 1;
+    }
+
+    fn flush(&mut self) {
+        use std::io::Write;
+        if !self.failed && self.out.flush().is_err() {
+            self.failed = true;
+        }
+    }
+}
 
 pub fn wall_s() -> f64 {
     crate::clock::unix_ms() as f64 / 1e3
@@ -54,13 +107,16 @@ pub struct Trainer {
 
 impl Trainer {
     /// Starts the trainer thread. With `state_file`, the learner warm-starts from it
-    /// (if present and valid) and saves to it on shutdown.
+    /// (if present and valid) and saves to it on shutdown; with `journal`, every input
+    /// the learner receives is appended there (an unopenable file is an error).
     pub fn start(
         cfg: PredictorConfig,
         node_id: &str,
         publish_every: Duration,
         state_file: Option<PathBuf>,
-    ) -> Arc<Trainer> {
+        journal: Option<PathBuf>,
+    ) -> anyhow::Result<Arc<Trainer>> {
+        let journal = journal.map(Journal::open).transpose()?;
         let mut learner = match state_file.as_ref().and_then(|p| std::fs::read(p).ok()) {
             Some(bytes) => match Learner::load_state(cfg.clone(), &bytes) {
                 Ok(l) => {
@@ -93,18 +149,19 @@ impl Trainer {
                         state_file,
                         learned,
                         node_id,
+                        journal,
                     )
                 })
                 .expect("spawning the trainer thread")
         };
-        Arc::new(Trainer {
+        Ok(Arc::new(Trainer {
             tx: Mutex::new(Some(tx)),
             shared,
             dropped: AtomicU64::new(0),
             learned,
             handle: Mutex::new(Some(handle)),
             node_id: node_id.to_string(),
-        })
+        }))
     }
 
     fn send(&self, m: Msg) -> bool {
@@ -169,6 +226,7 @@ impl Drop for Trainer {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     mut learner: Learner,
     rx: Receiver<Msg>,
@@ -177,12 +235,16 @@ fn run(
     state_file: Option<PathBuf>,
     learned: Arc<AtomicU64>,
     node_id: String,
+    mut journal: Option<Journal>,
 ) {
     let mut dirty = false;
     let mut last_publish = std::time::Instant::now();
     loop {
         match rx.recv_timeout(publish_every) {
             Ok(Msg::Sample(s)) => {
+                if let Some(j) = journal.as_mut() {
+                    j.write(&JournalEntry::of_sample(&s));
+                }
                 learner.observe(&s);
                 learned.fetch_add(1, Relaxed);
                 dirty = true;
@@ -194,7 +256,21 @@ fn run(
                 decoding,
             }) => {
                 if let Some(ms) = step_ms {
+                    if let Some(j) = journal.as_mut() {
+                        j.write(&JournalEntry::StepTime {
+                            key,
+                            at_s,
+                            step_ms: ms,
+                        });
+                    }
                     learner.observe_step_time(key, at_s, ms);
+                }
+                if let Some(j) = journal.as_mut() {
+                    j.write(&JournalEntry::Running {
+                        key,
+                        at_s,
+                        decoding,
+                    });
                 }
                 learner.observe_running(key, at_s, decoding);
                 dirty = true;
@@ -216,9 +292,16 @@ fn run(
             let now = wall_s();
             learner.tick(now);
             shared.store(learner.snapshot(now));
+            if let Some(j) = journal.as_mut() {
+                j.write(&JournalEntry::Tick { at_s: now });
+                j.flush();
+            }
             dirty = false;
             last_publish = std::time::Instant::now();
         }
+    }
+    if let Some(j) = journal.as_mut() {
+        j.flush();
     }
     if let Some(p) = state_file {
         match learner.save_state() {

@@ -346,6 +346,24 @@ async fn one_seed(
     let mut all = recs.lock().expect("lock").clone();
     all.sort_by(|a, b| a.done_at.total_cmp(&b.done_at));
     let warmth = warmth.lock().expect("lock").clone();
+    if let Ok(dir) = std::env::var("HEADROOM_ROUTER_JOURNAL_DIR") {
+        // What the client saw, beside the router's journal of the same run.
+        let mut out = String::new();
+        for x in &all {
+            out.push_str(
+                &serde_json::json!({
+                    "server": x.server, "done_at_s": x.done_at, "ttft_ms": x.ttft_ms,
+                    "engine_ttft_ms": x.engine_ttft_ms, "engine_itl_ms": x.itl_ms,
+                    "pred_ttft_ms": x.pred_ttft_ms, "pred_ttft_upper_ms": x.pred_ttft_upper_ms,
+                    "pred_tpot_ms": x.pred_tpot_ms,
+                })
+                .to_string(),
+            );
+            out.push('\n');
+        }
+        let p = std::path::Path::new(&dir).join(format!("client-seed{seed}.jsonl"));
+        std::fs::write(&p, out).expect("write the client records");
+    }
     let mut scores = Vec::new();
     let mut honesty = Vec::new();
     for i in 0..env.urls.len() {

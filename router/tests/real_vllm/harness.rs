@@ -108,6 +108,12 @@ pub fn config_toml(env: &Env, listen_port: u16, policy: &str, extra: &str) -> St
          [health]\nprobe_interval_ms = 200\nprobe_timeout_ms = 1000\neject_after_failures = 3\n\n\
          [prefix]\nblock_tokens = {BLOCK_SIZE}\n\n"
     );
+    // The learner's inputs, for replaying these labels offline
+    // (`headroom_predictor::journal`): top-level, so before the sections.
+    if let Ok(dir) = std::env::var("HEADROOM_ROUTER_JOURNAL_DIR") {
+        let path = std::path::Path::new(&dir).join(format!("router-{listen_port}.jsonl"));
+        s.insert_str(0, &format!("predictor_journal = '{}'\n", path.display()));
+    }
     s.push_str(extra);
     s.push('\n');
     if let Some(t) = &env.tokenizer {
