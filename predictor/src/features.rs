@@ -8,7 +8,7 @@
 //! `T_step = T0 + c_req·n + t_tok·N + α·Σctx_decode + β·Σ(c·k + c²/2)`. A request waiting
 //! behind `Q` uncached tokens with `u` of its own finishes its prefill after
 //! `S = ⌈(Q+u)/(B−n_dec)⌉` steps, after waiting out the step in progress (`r`), so
-//! TTFT ≈ θ·[1, S, (Q+u), S·n_dec, S·ctx_dec, pairs, wait, r, lag].
+//! TTFT ≈ θ·[1, S, (Q+u), S·n_dec, S·ctx_dec, pairs, wait, r].
 //!
 //! `wait` is the admission wait of a capacity-bound replica, in milliseconds (derivation
 //! at [`admission_wait_steps`]): decode steps until enough running requests finish to
@@ -17,17 +17,11 @@
 //! vLLM measurements of `../shared/traces/llmservingsim-vllm-measured` this wait is 95%+
 //! of TTFT, and the labels that would teach it arrive one (tens-of-seconds) TTFT late,
 //! so the structure has to be right before any label does.
-//!
-//! `lag` is the replica's front-end lag (ms, [`Observation::frontend_lag_ms`]): on real
-//! vLLM the API server's own backlog (parsing, tokenizing, streaming other requests'
-//! tokens) sits between the router and the engine, and on a busy host it was more than
-//! half of the client's TTFT. Its coefficient is dimensionless (prior 1: a request waits
-//! about as long as a scrape did).
 
 use crate::observation::Observation;
 
 /// Number of TTFT features.
-pub const TTFT_DIM: usize = 9;
+pub const TTFT_DIM: usize = 8;
 /// Number of TPOT features.
 pub const TPOT_DIM: usize = 6;
 
@@ -41,7 +35,6 @@ pub const TTFT_FEATURE_NAMES: [&str; TTFT_DIM] = [
     "attention_pairs (pairs_q + u*k + u^2/2)/1e6 [ms per 1M pairs]",
     "admission_wait steps*step_ms [ms per ms]",
     "step_residual [ms per ms]",
-    "frontend_lag [ms per ms]",
 ];
 
 /// Names and units of the TPOT features.
@@ -56,18 +49,17 @@ pub const TPOT_FEATURE_NAMES: [&str; TPOT_DIM] = [
 
 /// Generic physical prior for TTFT, midway between the H100 and A100 Llama-3-8B constants
 /// of engine-and-traces.md §2.3. Used for cold predictions and as the ridge target.
-pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2, 1.0, 1.0, 1.0];
+pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2, 1.0, 1.0];
 /// Which TTFT coefficients are engine speeds (ms per unit of work) that a speed-ratio
-/// prior scales; the last three multiply measured milliseconds and stay at 1.
-pub const TTFT_SPEED_SCALED: [bool; TTFT_DIM] =
-    [true, true, true, true, true, true, false, false, false];
+/// prior scales; the last two multiply measured milliseconds and stay at 1.
+pub const TTFT_SPEED_SCALED: [bool; TTFT_DIM] = [true, true, true, true, true, true, false, false];
 /// Pseudo-samples anchoring each TTFT coefficient at its prior regardless of excitation
 /// (`DecayStats::solve_anchored`): the admission wait's coefficient is ms per measured
 /// ms, physically 1, and the first labels that touch it are the odd ones at the edge of
 /// the bound regime (the RTX 4090 replay: one label with a 0.2 s wait in a 0.8 s TTFT
 /// took it to 0.12 before any label from deep in the queue existed). Ten labels whose
 /// TTFT is mostly the wait outweigh it 1:1.
-pub const TTFT_ANCHOR: [f64; TTFT_DIM] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0];
+pub const TTFT_ANCHOR: [f64; TTFT_DIM] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0];
 /// No TPOT coefficient is anchored.
 pub const TPOT_ANCHOR: [f64; TPOT_DIM] = [0.0; TPOT_DIM];
 /// TPOT's speed ratio scales its per-step floor only. The first TPOT labels of a class
@@ -193,7 +185,6 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) ->
         pairs * 1e-6,
         admission_wait_steps(o, d, p, r) * r.step_ms,
         o.step_residual_ms,
-        o.frontend_lag_ms,
     ]
 }
 

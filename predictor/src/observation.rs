@@ -58,12 +58,6 @@ pub struct Observation {
     /// the router streams from it; 0 when unknown or idle. A new request waits it out.
     #[serde(default)]
     pub step_residual_ms: f64,
-    /// How slowly the replica's HTTP front end answers now (ms): its last `/metrics`
-    /// response time, or how long a scrape has been waiting if longer; 0 when unknown.
-    /// The engine's API server shares the request's path to the engine (parsing,
-    /// tokenization, detokenization), and its backlog is in no engine metric.
-    #[serde(default)]
-    pub frontend_lag_ms: f64,
 }
 
 /// Which replica, and which hardware/model class it belongs to. Replicas of one class
@@ -119,7 +113,6 @@ impl Observation {
             self.metric_age_s,
             self.max_batched_tokens,
             self.step_residual_ms,
-            self.frontend_lag_ms,
         ];
         // Non-short-circuit `&` (not `contains`, which branches): ~10% fewer instructions
         // per predict() under callgrind. NaN fails both comparisons.
@@ -161,8 +154,7 @@ impl Observation {
             preemption_rate,
             metric_age_s,
             max_batched_tokens,
-            step_residual_ms,
-            frontend_lag_ms
+            step_residual_ms
         );
         if o.cached_tokens > o.prompt_tokens {
             o.cached_tokens = o.prompt_tokens;

@@ -23,7 +23,7 @@ pub const TARGET_LABEL_TIMES: u8 = 254;
 pub const TARGET_CORRECTIONS: u8 = 253;
 /// Dimension of table rows: 32·33/2 + 32 = 560 numbers each.
 pub const TABLE_DIM: u8 = 32;
-const CODEC_VERSION: u64 = 3;
+const CODEC_VERSION: u64 = 2;
 const TABLE_CAPACITY: usize =
     (TABLE_DIM as usize) * (TABLE_DIM as usize + 1) / 2 + TABLE_DIM as usize;
 const LABEL_WIDTH: usize = 4;

@@ -96,7 +96,7 @@ fn a_new_replica_of_a_warm_class_borrows_the_class_model_and_bounds() {
 
 #[test]
 fn a_configured_prior_drives_cold_predictions() {
-    let theta = [10.0, 5.0, 30.0, 10.0, 50.0, 2.0, 8.0, 1.0, 1.0];
+    let theta = [10.0, 5.0, 30.0, 10.0, 50.0, 2.0, 8.0, 1.0];
     let cfg = PredictorConfig {
         priors: vec![ClassPrior {
             class: 3,
@@ -163,7 +163,6 @@ fn hostile_inputs_are_sanitised_counted_and_never_nan() {
         metric_age_s: f64::NEG_INFINITY,
         max_batched_tokens: f64::NAN,
         step_residual_ms: f64::NEG_INFINITY,
-        frontend_lag_ms: f64::NAN,
     };
     let snap = l.snapshot(100.0);
     let p = snap.predict(key, &evil);

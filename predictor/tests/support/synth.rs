@@ -179,8 +179,6 @@ pub fn situation(rng: &mut ChaCha8Rng, e: &Engine, l: &Load) -> Situation {
         max_batched_tokens: e.budget,
         // This synthetic engine starts every placement at a step boundary.
         step_residual_ms: 0.0,
-        // No front end between this synthetic router and its engine.
-        frontend_lag_ms: 0.0,
     };
     Situation {
         obs,

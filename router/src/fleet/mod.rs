@@ -3,14 +3,12 @@
 //! The request path reads one `ArcSwap` snapshot of the replica list and per-replica
 //! `ArcSwap`/atomic cells; background tasks (scrape, probe, models, DNS) write them.
 
-pub mod frontend_lag;
 pub mod health;
 pub mod replica;
 pub mod scrape;
 pub mod tasks;
 pub mod view;
 
-pub use frontend_lag::FrontendLag;
 pub use health::{Health, HealthState, Signal};
 pub use replica::{ModelEntry, PeerLoad, Replica, ServedModels, key_of};
 pub use scrape::{EngineKind, Scraped, parse_metrics};

@@ -59,8 +59,6 @@ pub struct Replica {
     pub health: Health,
     /// In-flight work of other router nodes here, as last gossiped.
     pub peer_load: ArcSwap<PeerLoad>,
-    /// How slowly its HTTP front end answers scrapes (this node's scrapes only).
-    pub frontend: super::FrontendLag,
 }
 
 /// Peers' load on a replica and when it was last refreshed (node time axis).
@@ -101,7 +99,6 @@ impl Replica {
             models: ArcSwap::from_pointee(ServedModels::default()),
             health: Health::default(),
             peer_load: ArcSwap::from_pointee(PeerLoad::default()),
-            frontend: Default::default(),
         })
     }
 

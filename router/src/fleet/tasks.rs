@@ -58,7 +58,6 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
         // Stamped when the request leaves: a busy engine can take seconds to answer, and
         // the state it reports is no older than this, so ages are never understated.
         let now = clock::now_s();
-        r.frontend.begin(now);
         let result = upstream::get(
             &fleet.client,
             &r.base,
@@ -67,7 +66,6 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
             METRICS_MAX_BYTES,
         )
         .await;
-        r.frontend.end(now, clock::now_s());
         match result {
             Ok((status, body)) if status.is_success() => {
                 let text = String::from_utf8_lossy(&body);

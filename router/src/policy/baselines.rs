@@ -207,7 +207,6 @@ mod tests {
             scraped: None,
             scraped_age_s: f64::INFINITY,
             kv_capacity_tokens: None,
-            frontend_lag_ms: 0.0,
         }
     }
 

@@ -91,7 +91,6 @@ pub fn build_candidates<'a>(
             scraped: scraped.filter(|_| scraped_age_s <= params.stale_after_s),
             scraped_age_s,
             kv_capacity_tokens,
-            frontend_lag_ms: r.frontend.lag_ms(now_s),
         });
     }
     if serving == 0 {

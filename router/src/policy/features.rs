@@ -42,6 +42,5 @@ pub fn observation_with(req: &RequestProfile, c: &Candidate<'_>, load: &Load) ->
         },
         max_batched_tokens: c.replica.max_batched_tokens.unwrap_or(0) as f64,
         step_residual_ms: load.step_residual_s * 1e3,
-        frontend_lag_ms: c.frontend_lag_ms,
     }
 }

@@ -139,8 +139,6 @@ pub struct Candidate<'a> {
     pub scraped_age_s: f64,
     /// KV capacity in tokens from the last scrape, however old (it does not drift).
     pub kv_capacity_tokens: Option<u64>,
-    /// How slowly the replica's HTTP front end answers now (ms; 0 unknown).
-    pub frontend_lag_ms: f64,
 }
 
 impl Candidate<'_> {

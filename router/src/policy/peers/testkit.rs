@@ -58,7 +58,6 @@ pub fn cand(r: &Replica, cached: u32, own: Load) -> Candidate<'_> {
         scraped: None,
         scraped_age_s: f64::INFINITY,
         kv_capacity_tokens: None,
-        frontend_lag_ms: 0.0,
     }
 }
 
