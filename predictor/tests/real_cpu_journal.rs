@@ -220,7 +220,8 @@ fn figures(v: &[Scored]) -> (f64, f64, f64, f64) {
 /// (Tried and removed this way: the replica's `/metrics` response time as a front-end
 /// lag feature — median TTFT error 63.9% / 41.9% with it, 62.3% / 39.1% without, on
 /// `lag-seed1.jsonl`.)
-const VARIANTS: [(&str, fn(&mut Observation)); 1] = [("as recorded", |_| {})];
+type View = fn(&mut Observation);
+const VARIANTS: [(&str, View); 1] = [("as recorded", |_| {})];
 
 #[test]
 fn real_cpu_labels_replay_prequentially() {
