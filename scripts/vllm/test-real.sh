@@ -9,7 +9,9 @@
 # Usage: scripts/vllm/test-real.sh [extra libtest args, e.g. a test name filter]
 # Env:   HEADROOM_CACHE, HEADROOM_VLLM_TIMEOUT (see start.sh), CARGO_TARGET_DIR,
 #        HEADROOM_REAL_VLLM_KEEP=1 keeps the run dir (server logs) after a pass,
-#        HEADROOM_REAL_VLLM_ACCURACY=full runs t4b's full accuracy mode (~15 min).
+#        HEADROOM_REAL_VLLM_ACCURACY=full runs t4b's full accuracy mode (~15 min),
+#        HEADROOM_ROUTER_JOURNAL_DIR=DIR: each router writes its learner journal there
+#        and t4b its client records (replay: predictor/tests/real_cpu_journal.rs).
 # Exports to the tests: HEADROOM_REAL_VLLM=1, HEADROOM_VLLM_URLS (comma-separated),
 #        HEADROOM_VLLM_RUN_DIR (start.sh run dir: pid and port files, logs),
 #        HEADROOM_VLLM_TOKENIZER (the tokenizer.json the servers use).
