@@ -64,6 +64,22 @@ struct Scores {
     tpot: Vec<Scored>,
     /// The live router's issued TTFT forecasts for the same scored labels.
     live_ttft: Vec<Scored>,
+    /// Every forecast's (TTFT warm, TPOT warm), in dispatch order.
+    states: Vec<(bool, bool)>,
+}
+
+impl Scores {
+    /// Forecasts before the first warm one, and warm → not-warm flips after it.
+    fn warmth(&self, pick: fn(&(bool, bool)) -> bool) -> (Option<usize>, usize) {
+        let first = self.states.iter().position(pick);
+        let flips = first.map_or(0, |f| {
+            self.states[f..]
+                .windows(2)
+                .filter(|w| pick(&w[0]) && !pick(&w[1]))
+                .count()
+        });
+        (first, flips)
+    }
 }
 
 fn obs_key(key: ReplicaKey, o: &Observation) -> (u64, u64, [u64; 6]) {
@@ -127,6 +143,11 @@ fn replay(
             let j = forecasts[next].1;
             if let JournalEntry::Sample { key, obs, .. } = &es[j] {
                 let p = snap.predict(*key, obs);
+                use headroom_predictor::ModelState::Warm;
+                out.entry(key.replica)
+                    .or_default()
+                    .states
+                    .push((p.ttft_state == Warm, p.tpot_state == Warm));
                 issued.insert(j, p);
                 by_obs.insert(obs_key(*key, obs), p);
             }
@@ -258,6 +279,11 @@ fn real_cpu_labels_replay_prequentially() {
                     pcold * 100.0,
                 );
                 if k == 0 {
+                    let (tw, tf) = sc.warmth(|s| s.0);
+                    let (pw, pf) = sc.warmth(|s| s.1);
+                    println!(
+                        "    TTFT warm from forecast {tw:?}, {tf} flips back; TPOT warm from {pw:?}, {pf} flips back"
+                    );
                     let (lm, lmape, lcov, _) = figures(&sc.live_ttft);
                     println!(
                         "    live router's issued TTFT forecasts: median err {:.1}% MAPE {:.1}% p90 cover {:.2}",
