@@ -253,6 +253,10 @@ pub async fn forward(
                     &target.routed,
                     node.cfg.prefix.block_tokens,
                 );
+                // Peers learn it too, so a repeat through another node finds it here.
+                if let Some(mesh) = node.mesh.get() {
+                    mesh.note_prefix(r.key, &profile.blocks);
+                }
                 let track = Tracking {
                     node: node.clone(),
                     replica: r.clone(),
