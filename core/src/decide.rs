@@ -93,7 +93,7 @@ pub fn route<R: ReplicaView>(
                 let c = &cands[i];
                 let key = features::key(c);
                 let obs = features::observation(profile, c);
-                let prediction = match decision.predictions.get(i).copied().flatten() {
+                let prediction = match decision.predictions.get(i).copied() {
                     Some(p) => p,
                     None => snap
                         .get_or_insert_with(|| inp.predictor.load())

@@ -59,7 +59,7 @@ impl Policy for Scripted {
     fn decide(&self, _: &RequestProfile, c: &[Candidate<'_>], _: &mut DecideCtx<'_>) -> Decision {
         Decision {
             choice: self.choice.clone(),
-            predictions: vec![Some(marked()); c.len()],
+            predictions: vec![marked(); c.len()],
             fallback: None,
         }
     }

@@ -37,6 +37,8 @@ pub struct Node {
     pub mesh: std::sync::OnceLock<Arc<crate::mesh::MeshRuntime>>,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: Arc<Deferrals>,
+    /// Decisions made so far (each seeded decision draws from its own stream).
+    decisions: std::sync::atomic::AtomicU64,
     tokenizers: HashMap<String, Tokenizer>,
     outputs: OutputEstimator,
     /// Per model: prompt bytes per token, learned from replicas' usage reports (the
@@ -89,6 +91,7 @@ impl Node {
             trainer,
             mesh: Default::default(),
             deferred: Deferrals::new(),
+            decisions: Default::default(),
             tenants: Tenants::new(&cfg.tenants),
             cfg,
             fleet,
@@ -172,6 +175,22 @@ impl Node {
                 format!("could not measure the prompt: {e}"),
             )
         })
+    }
+
+    /// The random source of the next decision (ties, sampling, exploration): from
+    /// `seed` and the decision's number when `seed` is set, so a node replaying the same
+    /// requests in the same order decides the same way; from entropy otherwise.
+    pub fn decision_rng(&self) -> rand::rngs::SmallRng {
+        use rand::SeedableRng;
+        let n = self
+            .decisions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match self.cfg.seed {
+            0 => rand::rngs::SmallRng::from_rng(&mut rand::rng()),
+            seed => {
+                rand::rngs::SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            }
+        }
     }
 
     /// Expected output tokens (see [`OutputEstimator`]).
@@ -347,6 +366,26 @@ pub fn build_policy(
 
 #[cfg(test)]
 mod tests {
+    use rand::RngCore;
+
+    #[tokio::test]
+    async fn a_seeded_node_draws_the_same_decisions_again() {
+        let start = |seed| {
+            let cfg = crate::config::RouterConfig {
+                seed,
+                ..Default::default()
+            };
+            super::Node::start(cfg, tokio_util::sync::CancellationToken::new()).unwrap()
+        };
+        let draw =
+            |n: &super::Node| -> Vec<u64> { (0..4).map(|_| n.decision_rng().next_u64()).collect() };
+        let (a, b) = (start(7), start(7));
+        let first = draw(&a);
+        assert_eq!(first, draw(&b), "same seed, same decisions");
+        assert_ne!(first[0], first[1], "each decision its own stream");
+        assert_ne!(draw(&start(0)), draw(&start(0)), "seed 0: from entropy");
+    }
+
     #[test]
     fn text_ratio_converges_to_what_replicas_report() {
         let mut r = None;

@@ -104,9 +104,9 @@ pub enum Choice {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     pub choice: Choice,
-    /// Per candidate (same indices), the prediction the policy decided on, when it
-    /// predicts: what headers show and what the placement learns against.
-    pub predictions: Vec<Option<Prediction>>,
+    /// Per candidate (same indices), the prediction the policy decided on; empty when
+    /// the policy does not predict. What headers show and the placement learns against.
+    pub predictions: Vec<Prediction>,
     /// Set when the policy fell back (cold model, nothing fits, …).
     pub fallback: Option<&'static str>,
 }

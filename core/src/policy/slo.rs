@@ -273,7 +273,6 @@ impl Policy for SloPolicy {
             .zip(&obs)
             .map(|(c, o)| snap.predict(features::key(c), o))
             .collect();
-        let predictions: Vec<Option<Prediction>> = preds.iter().copied().map(Some).collect();
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
         // its own bound (its labels are scarcer and noisier), so warmth is TTFT's.
         let warm = preds
@@ -282,7 +281,7 @@ impl Policy for SloPolicy {
             .count();
         if (warm as f64) < self.cfg.min_warm_fraction * cands.len() as f64 {
             let mut d = TokenLoad.decide(req, cands, ctx);
-            d.predictions = predictions;
+            d.predictions = preds;
             d.fallback = Some("cold-model");
             return d;
         }
@@ -341,7 +340,7 @@ impl Policy for SloPolicy {
                 self.last.store(cands[choice].replica.id() + 1, Relaxed);
                 Decision {
                     choice: Choice::Route(ranked),
-                    predictions,
+                    predictions: preds,
                     fallback: None,
                 }
             }
@@ -372,7 +371,7 @@ impl Policy for SloPolicy {
                 };
                 Decision {
                     choice,
-                    predictions,
+                    predictions: preds,
                     fallback: Some("no-fit"),
                 }
             }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use rand::{Rng, SeedableRng, rngs::SmallRng};
+use rand::Rng;
 
 use headroom_core::lifecycle::{self, Admission, Admit, DeferLimits};
 
@@ -42,6 +42,9 @@ const HOP: [&str; 6] = [
     "upgrade",
 ];
 
+/// The replica list one decision was made over (targets index into it).
+type Replicas = Arc<Vec<Arc<Replica>>>;
+
 /// One target chosen by the policy.
 struct Target {
     replica: Arc<Replica>,
@@ -66,7 +69,7 @@ fn choose(
     node: &Node,
     profile: &RequestProfile,
     admission: &mut Admission,
-) -> Result<(Admit, Arc<Vec<Arc<Replica>>>), ApiError> {
+) -> Result<(Admit, Replicas), ApiError> {
     let replicas = node.fleet.replicas();
     let inputs = RouteInputs {
         policy: node.policy.as_ref(),
@@ -79,7 +82,7 @@ fn choose(
         },
         max_targets: 1 + node.cfg.proxy.retries as usize,
     };
-    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    let mut rng = node.decision_rng();
     let now_s = clock::now_s();
     let routed = decide::route(&inputs, profile, now_s, &mut rng)?;
     node.metrics

@@ -351,7 +351,6 @@ impl Policy for LlmdPredicted {
             .iter()
             .map(|c| snap.predict(features::key(c), &features::observation(req, c)))
             .collect();
-        let predictions: Vec<Option<Prediction>> = preds.iter().copied().map(Some).collect();
         let all: Vec<usize> = (0..cands.len()).collect();
         if !preds
             .iter()
@@ -360,7 +359,7 @@ impl Policy for LlmdPredicted {
             let w = self.composite(req, cands);
             return Decision {
                 choice: Choice::Route(a_res(&all, &w, ctx.rng)),
-                predictions,
+                predictions: preds,
                 fallback: Some("no-prediction"),
             };
         }
@@ -417,7 +416,7 @@ impl Policy for LlmdPredicted {
         };
         Decision {
             choice,
-            predictions,
+            predictions: preds,
             fallback,
         }
     }
