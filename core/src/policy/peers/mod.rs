@@ -1,6 +1,7 @@
 //! The peer routers' policies — llm-d, SGLang's gateway and NVIDIA Dynamo — re-built
-//! on our [`Policy`] trait, so they run side by side with ours on the same inputs, in
-//! the binary and in the fleet simulator alike.
+//! on our [`Policy`](super::Policy) trait, so they run side by side with ours on the
+//! same inputs, in the binary (`headroom serve --policy <name>`) and in the fleet
+//! simulator alike, under the names of [`PolicyName`](super::PolicyName).
 //!
 //! Each file follows one published policy and states its formula, its units and the
 //! reference passage (`/work/shared/reference/…`) it follows, including where our
