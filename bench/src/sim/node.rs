@@ -6,14 +6,10 @@
 use std::sync::Arc;
 
 use headroom_core::{
-    ledger::Load,
-    lifecycle::Deferrals,
-    output::OutputEstimator,
-    policy::Policy,
-    prefix::PrefixIndex,
-    view::{PlainReplica, key_of},
+    ledger::Load, lifecycle::Deferrals, output::OutputEstimator, policy::Policy,
+    prefix::PrefixIndex, view::PlainReplica,
 };
-use headroom_predictor::{Learner, ReplicaKey, SharedPredictor};
+use headroom_predictor::{Learner, SharedPredictor};
 use rand_chacha::ChaCha8Rng;
 
 pub struct SimNode {
@@ -41,12 +37,6 @@ pub fn replica_view(i: usize, profile: &crate::engine::Profile, model: &str) -> 
         &profile.name,
         model,
         Some(profile.max_model_len),
-    );
-    // Keyed as a router keys a replica configured by URL, so the predictor's per-replica
-    // state (and every seeded run) matches what it was when views were fleet replicas.
-    r.key = ReplicaKey::new(
-        key_of(&format!("http://sim-replica-{i}:8000")),
-        key_of(&profile.name),
     );
     r.max_batched_tokens = Some(profile.max_num_batched_tokens);
     r
