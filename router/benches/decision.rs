@@ -169,7 +169,7 @@ impl Setup {
         }
     }
 
-    fn inputs<'a>(&'a self, pol: &'a dyn Policy) -> RouteInputs<'a> {
+    fn inputs<'a>(&'a self, pol: &'a dyn Policy) -> RouteInputs<'a, Arc<Replica>> {
         RouteInputs {
             policy: pol,
             predictor: &self.predictor,
@@ -188,7 +188,7 @@ fn bench(c: &mut Criterion) {
         let setup = Setup::new(n, &req);
         g.throughput(Throughput::Elements(1));
         for name in [PolicyName::Slo, PolicyName::TokenLoad] {
-            let pol = policy::build(name, setup.predictor.clone(), Default::default());
+            let pol = policy::build(name, setup.predictor.clone(), &Default::default());
             let inputs = setup.inputs(pol.as_ref());
             let mut rng = SmallRng::seed_from_u64(1);
             g.bench_with_input(BenchmarkId::new(format!("route/{name}"), n), &n, |b, _| {
@@ -232,7 +232,11 @@ fn tail(_c: &mut Criterion) {
     let req = request();
     for n in [8usize, 64, 256, 1024] {
         let setup = Setup::new(n, &req);
-        let pol = policy::build(PolicyName::Slo, setup.predictor.clone(), Default::default());
+        let pol = policy::build(
+            PolicyName::Slo,
+            setup.predictor.clone(),
+            &Default::default(),
+        );
         let inputs = setup.inputs(pol.as_ref());
         let mut rng = SmallRng::seed_from_u64(2);
         let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");

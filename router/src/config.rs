@@ -15,7 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     mesh::MeshSettings,
-    policy::{PolicyName, baselines::PrefixAffinity, slo::SloConfig},
+    policy::{
+        PolicyName, PolicySettings, baselines::PrefixAffinity, peers::LlmdPredictedConfig,
+        slo::SloConfig,
+    },
 };
 
 /// Everything a router node needs to run.
@@ -49,6 +52,8 @@ pub struct RouterConfig {
     pub slo: SloConfig,
     /// The `prefix-affinity` baseline's knobs.
     pub prefix_affinity: PrefixAffinity,
+    /// The `llmd-predicted` reference policy's knobs (llm-d's chart defaults).
+    pub llmd_predicted: LlmdPredictedConfig,
     /// The latency predictor's knobs.
     pub predictor: PredictorConfig,
     /// Warm-start the predictor from this file and save it there on shutdown.
@@ -80,6 +85,7 @@ impl Default for RouterConfig {
             prediction_headers: true,
             slo: SloConfig::default(),
             prefix_affinity: PrefixAffinity::default(),
+            llmd_predicted: LlmdPredictedConfig::default(),
             predictor: PredictorConfig::default(),
             predictor_state: None,
             predictor_journal: None,
@@ -296,18 +302,7 @@ pub struct ModelConfig {
     pub chat_template: Option<PathBuf>,
 }
 
-/// How a request that fits nowhere is handled.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Fallback {
-    /// Send it where the expected violation is smallest.
-    #[default]
-    LeastBad,
-    /// Wait (bounded) for capacity within the TTFT deadline, then least-bad or reject.
-    Defer,
-    /// Fast 429 that says why.
-    Reject,
-}
+pub use headroom_core::policy::Fallback;
 
 /// A tenant: who may ask for what.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -398,6 +393,15 @@ impl RouterConfig {
         })?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The knobs of every policy, for the policy registry.
+    pub fn policy_settings(&self) -> PolicySettings {
+        PolicySettings {
+            slo: self.slo.clone(),
+            prefix_affinity: self.prefix_affinity.clone(),
+            llmd_predicted: self.llmd_predicted.clone(),
+        }
     }
 
     /// Checks cross-field rules; called by every constructor path.

@@ -1,23 +1,21 @@
 //! Headroom: an SLO-aware router mesh for LLM inference.
 //!
 //! Crate map: `server` (HTTP front) → `request`/`tokens`/`tenant` (what a request is)
-//! → `policy` (pure decision core over `fleet` candidates, `ledger` loads and the
-//! `prefix` index) → `proxy` (forwarding, retries, streaming, outcomes). Background
-//! work lives in `fleet::tasks`. `up` runs a whole local deployment.
+//! → the routing core (`headroom-core`, re-exported as `decide`, `lifecycle`,
+//! `policy`, `ledger`, `prefix`; it reads `fleet` replicas through `replica_view`)
+//! → `proxy` (forwarding, retries, streaming, outcomes). Background work lives in
+//! `fleet::tasks`. `up` runs a whole local deployment.
 
 pub mod chat;
 pub mod clock;
 pub mod config;
-pub mod decide;
 pub mod error;
 pub mod fleet;
-pub mod ledger;
 pub mod mesh;
 pub mod metrics;
 pub mod node;
-pub mod policy;
-pub mod prefix;
 pub mod proxy;
+pub mod replica_view;
 pub mod request;
 pub mod server;
 pub mod tenant;
@@ -25,6 +23,9 @@ pub mod tokens;
 pub mod trainer;
 pub mod up;
 pub mod upstream;
+
+// The routing core, under the paths the rest of the router has always used.
+pub use headroom_core::{decide, ledger, lifecycle, policy, prefix};
 
 /// Response header naming the replica that served (or failed) a request.
 pub const REPLICA_HEADER: &str = "x-headroom-replica";

@@ -6,6 +6,9 @@ use std::{collections::HashMap, sync::Arc};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use headroom_core::lifecycle::{self, Deferrals, Finished};
+pub use headroom_core::output::OutputEstimator;
+
 use crate::{
     config::RouterConfig,
     decide::Learn,
@@ -22,9 +25,6 @@ use crate::{
     upstream,
 };
 
-/// Default output estimate when a model has no history yet and no max_tokens.
-const DEFAULT_OUTPUT_TOKENS: f64 = 256.0;
-
 pub struct Node {
     pub cfg: Arc<RouterConfig>,
     pub fleet: Arc<Fleet>,
@@ -36,7 +36,9 @@ pub struct Node {
     /// The mesh, once joined.
     pub mesh: std::sync::OnceLock<Arc<crate::mesh::MeshRuntime>>,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
-    pub deferred: std::sync::atomic::AtomicUsize,
+    pub deferred: Arc<Deferrals>,
+    /// Decisions made so far (each seeded decision draws from its own stream).
+    decisions: std::sync::atomic::AtomicU64,
     tokenizers: HashMap<String, Tokenizer>,
     outputs: OutputEstimator,
     /// Per model: prompt bytes per token, learned from replicas' usage reports (the
@@ -89,7 +91,8 @@ impl Node {
         Ok(Arc::new(Node {
             trainer,
             mesh: Default::default(),
-            deferred: Default::default(),
+            deferred: Deferrals::new(),
+            decisions: Default::default(),
             tenants: Tenants::new(&cfg.tenants),
             cfg,
             fleet,
@@ -175,6 +178,22 @@ impl Node {
         })
     }
 
+    /// The random source of the next decision (ties, sampling, exploration): from
+    /// `seed` and the decision's number when `seed` is set, so a node replaying the same
+    /// requests in the same order decides the same way; from entropy otherwise.
+    pub fn decision_rng(&self) -> rand::rngs::SmallRng {
+        use rand::SeedableRng;
+        let n = self
+            .decisions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match self.cfg.seed {
+            0 => rand::rngs::SmallRng::from_rng(&mut rand::rng()),
+            seed => {
+                rand::rngs::SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            }
+        }
+    }
+
     /// Expected output tokens (see [`OutputEstimator`]).
     pub fn expected_output(&self, req: &ParsedRequest) -> u32 {
         self.outputs
@@ -220,57 +239,39 @@ impl Node {
             l.prediction.ttft_ms,
             l.prediction.ttft_upper_ms,
         );
-        let l = as_reported(l, reported);
         let at = crate::trainer::wall_s();
-        if let Some(s) = crate::decide::sample(&l, at, Some(ttft_ms), None, 0, false) {
+        if let Some(s) = lifecycle::first_token_sample(l, at, ttft_ms, reported) {
             self.trainer.submit(s);
         }
     }
 
-    /// The labels known at the end: TPOT (the engine's own, else measured from the
-    /// stream with its token counts), and TTFT if no token came (then only a lower
-    /// bound: censored).
+    /// The labels known at the end (see [`lifecycle::Finished`]): TPOT (the engine's
+    /// own, else measured from the stream with its token counts), and TTFT if it was not
+    /// learned at the first token (censored when no token came).
     fn learn(&self, o: &Outcome) {
         let Some(l) = o.learn else { return };
         self.report_replica(&l, &o.replica);
-        let ok = o.status == OutcomeStatus::Ok;
-        let tpot_ms = o.tpot_label_s().map(|s| s * 1e3).filter(|_| ok);
-        if let Some(y) = tpot_ms {
-            self.score("tpot", y, l.prediction.tpot_ms, l.prediction.tpot_upper_ms);
-        }
-        let ttft_ms = if o.ttft_learned {
-            None
-        } else {
-            match o.ttft_s {
-                Some(t) => {
-                    self.score(
-                        "ttft",
-                        t * 1e3,
-                        l.prediction.ttft_ms,
-                        l.prediction.ttft_upper_ms,
-                    );
-                    Some(t * 1e3)
-                }
-                // No token ever came: the request waited at least this long.
-                None if !ok => Some(o.upstream_s * 1e3),
-                None => None,
-            }
-        };
-        let censored = ttft_ms.is_some() && o.ttft_s.is_none();
-        let l = as_reported(
-            &l,
-            Reported {
+        let finished = Finished {
+            ok: o.status == OutcomeStatus::Ok,
+            ttft_ms: o.ttft_s.map(|t| t * 1e3),
+            ttft_learned: o.ttft_learned,
+            upstream_ms: o.upstream_s * 1e3,
+            tpot_ms: o.tpot_label_s().map(|s| s * 1e3),
+            output_tokens: o.output_tokens.unwrap_or(0),
+            reported: Reported {
                 prompt_tokens: o.prompt_tokens,
                 cached_tokens: o.cached_tokens,
             },
-        );
-        let at = crate::trainer::wall_s();
-        let out = o.output_tokens.unwrap_or(0);
-        // TTFT and TPOT travel separately: one may be censored while the other is not.
-        if let Some(s) = crate::decide::sample(&l, at, ttft_ms, None, out, censored) {
-            self.trainer.submit(s);
+        };
+        let labels = finished.labels();
+        let p = &l.prediction;
+        if let Some(y) = labels.tpot_ms {
+            self.score("tpot", y, p.tpot_ms, p.tpot_upper_ms);
         }
-        if let Some(s) = crate::decide::sample(&l, at, None, tpot_ms, out, false) {
+        if let (Some(y), false) = (labels.ttft_ms, labels.censored) {
+            self.score("ttft", y, p.ttft_ms, p.ttft_upper_ms);
+        }
+        for s in finished.samples(&l, crate::trainer::wall_s()) {
             self.trainer.submit(s);
         }
     }
@@ -339,21 +340,6 @@ impl Node {
     }
 }
 
-/// `l` with the request's own inputs as the engine reported them: its prompt tokens,
-/// and cached tokens where given (else the router's estimate, within the prompt). The
-/// model then learns what the engine did, not what the router guessed at dispatch.
-fn as_reported(l: &Learn, r: Reported) -> Learn {
-    let mut l = *l;
-    if let Some(p) = r.prompt_tokens.filter(|p| *p > 0) {
-        l.obs.prompt_tokens = f64::from(p);
-    }
-    if let Some(c) = r.cached_tokens {
-        l.obs.cached_tokens = f64::from(c);
-    }
-    l.obs.cached_tokens = l.obs.cached_tokens.min(l.obs.prompt_tokens);
-    l
-}
-
 /// The next bytes-per-token estimate after a usage report: an EWMA of bytes over the
 /// prompt's text tokens (chat templates' ~4 tokens per message removed); `None` when
 /// the report is too small to say anything.
@@ -366,53 +352,41 @@ pub fn next_text_ratio(prev: Option<f64>, bytes: usize, tokens: u32, messages: u
     Some(prev.map_or(r, |p| 0.9 * p + 0.1 * r))
 }
 
-/// Constructs a policy by name.
+/// Constructs a policy by name, with the configured knobs.
 pub fn build_policy(
     name: PolicyName,
     trainer: &Trainer,
     cfg: &RouterConfig,
 ) -> anyhow::Result<Box<dyn Policy>> {
-    Ok(policy::build_with(
+    Ok(policy::build(
         name,
         trainer.shared.clone(),
-        cfg.slo.clone(),
-        cfg.prefix_affinity.clone(),
+        &cfg.policy_settings(),
     ))
-}
-
-/// The router's estimate of a request's output length: exact under `ignore_eos`,
-/// else the model's observed mean (EWMA over completions), capped by `max_tokens`.
-#[derive(Debug, Default)]
-pub struct OutputEstimator {
-    mean: Mutex<HashMap<String, f64>>,
-}
-
-impl OutputEstimator {
-    pub fn estimate(&self, model: &str, max_tokens: Option<u32>, ignore_eos: bool) -> u32 {
-        if let (true, Some(m)) = (ignore_eos, max_tokens) {
-            return m;
-        }
-        let mean = self
-            .mean
-            .lock()
-            .get(model)
-            .copied()
-            .unwrap_or(DEFAULT_OUTPUT_TOKENS);
-        let est = mean.round().max(1.0) as u32;
-        max_tokens.map_or(est, |m| m.min(est).max(1))
-    }
-
-    pub fn observe(&self, model: &str, output_tokens: u32) {
-        let mut means = self.mean.lock();
-        let e = means
-            .entry(model.to_string())
-            .or_insert(output_tokens as f64);
-        *e = 0.95 * *e + 0.05 * output_tokens as f64;
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use rand::RngCore;
+
+    #[tokio::test]
+    async fn a_seeded_node_draws_the_same_decisions_again() {
+        let start = |seed| {
+            let cfg = crate::config::RouterConfig {
+                seed,
+                ..Default::default()
+            };
+            super::Node::start(cfg, tokio_util::sync::CancellationToken::new()).unwrap()
+        };
+        let draw =
+            |n: &super::Node| -> Vec<u64> { (0..4).map(|_| n.decision_rng().next_u64()).collect() };
+        let (a, b) = (start(7), start(7));
+        let first = draw(&a);
+        assert_eq!(first, draw(&b), "same seed, same decisions");
+        assert_ne!(first[0], first[1], "each decision its own stream");
+        assert_ne!(draw(&start(0)), draw(&start(0)), "seed 0: from entropy");
+    }
+
     #[test]
     fn text_ratio_converges_to_what_replicas_report() {
         let mut r = None;

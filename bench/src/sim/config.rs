@@ -1,7 +1,7 @@
 //! What a simulation runs: the fleet, the router nodes and how they share state, the
 //! policy, and the clocks of scraping, gossip and learning.
 
-use headroom::config::Fallback;
+use headroom_core::policy::Fallback;
 use headroom_predictor::PredictorConfig;
 
 /// One group of identical replicas.
@@ -77,7 +77,7 @@ pub struct SimConfig {
     /// Sampling period of per-replica load.
     pub load_sample_interval_s: f64,
     pub predictor: PredictorConfig,
-    pub slo: headroom::policy::slo::SloConfig,
+    pub slo: headroom_core::policy::slo::SloConfig,
     /// Router prefix-index block size (tokens).
     pub block_tokens: u32,
     /// Objectives for requests that carry none.

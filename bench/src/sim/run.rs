@@ -14,16 +14,18 @@
 
 use std::{str::FromStr, sync::Arc, time::Instant};
 
-use headroom::{
-    decide::{self, Learn, RouteInputs, Verdict},
-    fleet::{EngineKind, PeerLoad, Scraped},
+use headroom_core::{
+    blocks,
+    decide::{self, Learn, RouteInputs, RoutedTarget},
     ledger::{Booking, Load},
+    lifecycle::{self, Admission, Admit, DeferLimits, Finished, Reported},
     policy::{
-        self, PolicyName, RequestProfile, Slo, candidates::CandidateParams, features,
-        peers::PeerPolicy,
+        self, PolicyName, PolicySettings, RequestProfile, Slo, candidates::CandidateParams,
+        features,
     },
     prefix::PrefixIndex,
-    tokens,
+    scraped::{EngineKind, Scraped},
+    view::PeerLoad,
 };
 use headroom_predictor::{Learner, SharedPredictor};
 use rand::{Rng, SeedableRng};
@@ -91,6 +93,8 @@ struct Prepared {
     /// The node that took the request.
     node: usize,
     profile: RequestProfile,
+    /// Its deadline and deferral slot (released when it is placed or refused).
+    admission: Admission,
     engine_hashes: Vec<u64>,
     max_tokens: u32,
 }
@@ -146,19 +150,16 @@ fn build_policy(
     predictor: Arc<SharedPredictor>,
     cfg: &SimConfig,
 ) -> Result<Box<dyn policy::Policy>, SimError> {
-    if name == "oracle" {
-        // The oracle decides in `Simulator::oracle_decide`; this object is never asked.
-        return Ok(policy::build(
-            PolicyName::TokenLoad,
-            predictor,
-            cfg.slo.clone(),
-        ));
-    }
-    if let Ok(p) = PolicyName::from_str(name) {
-        return Ok(policy::build(p, predictor, cfg.slo.clone()));
-    }
-    let peer = PeerPolicy::from_str(name).map_err(|_| SimError::Policy(name.to_string()))?;
-    Ok(peer.build(predictor))
+    let settings = PolicySettings {
+        slo: cfg.slo.clone(),
+        ..PolicySettings::default()
+    };
+    // The oracle decides in `Simulator::oracle_decide`; its policy object is never asked.
+    let p = match name {
+        "oracle" => PolicyName::TokenLoad,
+        _ => PolicyName::from_str(name).map_err(|_| SimError::Policy(name.to_string()))?,
+    };
+    Ok(policy::build(p, predictor, &settings))
 }
 
 impl<'w> Simulator<'w> {
@@ -224,9 +225,8 @@ impl<'w> Simulator<'w> {
             let views = profiles
                 .iter()
                 .enumerate()
-                .map(|(i, p)| replica_view(i, p, &cfg.model).map(Arc::new))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(SimError::Fleet)?;
+                .map(|(i, p)| replica_view(i, p, &cfg.model))
+                .collect();
             nodes.push(SimNode {
                 id: n,
                 name,
@@ -236,6 +236,7 @@ impl<'w> Simulator<'w> {
                 predictor,
                 learner,
                 outputs: Default::default(),
+                deferrals: lifecycle::Deferrals::new(),
                 rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ (0x5EED_0000 + n as u64)),
                 dirty: false,
             });
@@ -338,6 +339,12 @@ impl<'w> Simulator<'w> {
             && self.records.len() >= self.wl.requests.len()
     }
 
+    /// Request `i`'s arrival on the simulated time axis.
+    fn arrival_s(&self, i: usize) -> f64 {
+        (self.wl.requests[i].arrival_s - self.wl.requests[0].arrival_s)
+            / self.cfg.rate_scale.max(1e-9)
+    }
+
     fn prepare(&self, i: usize, node: usize) -> Option<Prepared> {
         let r = &self.wl.requests[i];
         let block = self.profiles[0].block_size as usize;
@@ -348,7 +355,7 @@ impl<'w> Simulator<'w> {
             let eh = block_hashes_for_hash_ids(&r.hash_ids, r.input_tokens, bt, block, 0).ok()?;
             let toks = tokens_for_hash_ids(&r.hash_ids, r.input_tokens, bt).ok()?;
             let shape =
-                tokens::shape_of_ids(&toks, self.cfg.block_tokens as usize, MAX_ROUTER_BLOCKS);
+                blocks::shape_of_ids(&toks, self.cfg.block_tokens as usize, MAX_ROUTER_BLOCKS);
             (eh, shape.blocks)
         };
         let min_ctx = self
@@ -376,8 +383,14 @@ impl<'w> Simulator<'w> {
             fallback: self.cfg.fallback,
             stream: true,
         };
+        let limits = DeferLimits {
+            budget: self.cfg.slo.defer_budget,
+            max_deferred: self.cfg.slo.max_deferred,
+        };
+        let admission = Admission::new(&profile, self.arrival_s(i), limits, n.deferrals.clone());
         Some(Prepared {
             node,
+            admission,
             profile,
             engine_hashes,
             max_tokens,
@@ -420,12 +433,13 @@ impl<'w> Simulator<'w> {
         self.prepared[i] = None;
     }
 
-    /// Routes request `i` at `t` with its node's policy (the binary's decision code).
+    /// Routes request `i` at `t` with its node's policy through the request lifecycle
+    /// the binary runs (the same defer budget, limit, labels).
     fn decide(&mut self, i: usize, t: f64) {
         if self.cfg.policy == "oracle" {
             return self.oracle_decide(i, t);
         }
-        let Some(prep) = self.prepared[i].as_ref() else {
+        let Some(prep) = self.prepared[i].as_mut() else {
             return;
         };
         let node_ix = prep.node;
@@ -434,7 +448,7 @@ impl<'w> Simulator<'w> {
             policy: node.policy.as_ref(),
             predictor: &node.predictor,
             prefix: &node.prefix,
-            replicas: &node.views,
+            replicas: node.views.as_slice(),
             params: CandidateParams {
                 block_tokens: self.cfg.block_tokens,
                 stale_after_s: 2.0,
@@ -451,37 +465,17 @@ impl<'w> Simulator<'w> {
         };
         self.decision_ns
             .push(routed.decision_ns.min(u32::MAX as u64) as u32);
-        let arrival = (self.wl.requests[i].arrival_s - self.wl.requests[0].arrival_s)
-            / self.cfg.rate_scale.max(1e-9);
-        let mut fallback = routed.fallback;
-        match routed.verdict {
-            Verdict::Go => {}
-            Verdict::Defer(after) => {
-                let budget = prep.profile.slo.ttft_ms / 1e3 * self.cfg.slo.defer_budget;
-                if t + after <= arrival + budget {
-                    self.q.push(t + after.max(1e-3), Ev::Retry(i as u32));
+        match prep.admission.admit(routed, t) {
+            Admit::Go { targets, fallback } => {
+                let Some(target) = targets.into_iter().next() else {
+                    self.reject(i, node_ix as u32, t, "no target");
                     return;
-                }
-                fallback = Some("defer-expired");
+                };
+                self.place(i, node_ix, target, fallback, t);
             }
-            Verdict::Reject(reason) => {
-                self.reject(i, node_ix as u32, t, &reason);
-                return;
-            }
+            Admit::Wait(after_s) => self.q.push(t + after_s, Ev::Retry(i as u32)),
+            Admit::Reject(reason) => self.reject(i, node_ix as u32, t, &reason),
         }
-        let Some(target) = routed.targets.into_iter().next() else {
-            self.reject(i, node_ix as u32, t, "no target");
-            return;
-        };
-        self.place(
-            i,
-            node_ix,
-            target.index,
-            target.cached_tokens,
-            target.learn,
-            fallback,
-            t,
-        );
     }
 
     /// The oracle's decision: fork every candidate's engine (see `oracle`).
@@ -516,7 +510,7 @@ impl<'w> Simulator<'w> {
                     max_output_tokens: prep.max_tokens,
                     eos_after: Some(w.output_tokens.max(1)),
                 };
-                oracle::forecast(&self.replicas[c.replica.id as usize].engine, req, t)
+                oracle::forecast(&self.replicas[c.index].engine, req, t)
             })
             .collect();
         let order = oracle::choose(
@@ -529,38 +523,40 @@ impl<'w> Simulator<'w> {
         let c = &cands[order[0]];
         let key = features::key(c);
         let obs = features::observation(&prep.profile, c);
-        let learn = Learn {
-            key,
-            obs,
-            prediction: node.predictor.load().predict(key, &obs),
+        let target = RoutedTarget {
+            index: c.index,
+            cached_tokens: c.cached_tokens,
+            learn: Learn {
+                key,
+                obs,
+                prediction: node.predictor.load().predict(key, &obs),
+            },
         };
-        let (r, cached) = (c.replica.id as usize, c.cached_tokens);
         drop(cands);
-        self.place(i, node_ix, r, cached, learn, None, t);
+        self.place(i, node_ix, target, None, t);
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn place(
         &mut self,
         i: usize,
         node_ix: usize,
-        r: usize,
-        cached: u32,
-        learn: Learn,
+        target: RoutedTarget,
         fallback: Option<&'static str>,
         t: f64,
     ) {
         let Some(prep) = self.prepared[i].take() else {
             return;
         };
+        let r = target.index;
         let node = &self.nodes[node_ix];
         let view = &node.views[r];
-        let booking = decide::book(view, &prep.profile, cached, &learn, t);
-        decide::remember_prefix(
+        let booking = lifecycle::book(view, &prep.profile, &target, t);
+        // Simulated engines accept every submission they can hold: the prefix is theirs.
+        lifecycle::remember_prefix(
             &node.prefix,
             view,
             &prep.profile,
-            cached,
+            &target,
             self.cfg.block_tokens,
         );
         let w = &self.wl.requests[i];
@@ -586,7 +582,7 @@ impl<'w> Simulator<'w> {
             first_s: None,
             last_s: t,
             tokens: 0,
-            learn,
+            learn: target.learn,
             fallback,
         });
         if !rep.stepping {
@@ -669,14 +665,18 @@ impl<'w> Simulator<'w> {
         };
         let node = &mut self.nodes[l.node as usize];
         node.outputs.observe(&self.cfg.model, output_tokens);
-        if let Some(s) = decide::sample(
-            &l.learn,
-            t,
-            ttft_dispatch,
-            tpot.map(|x| x * 1e3),
+        // Simulated requests never fail; their engine reports no prompt-token details
+        // (vLLM without `--enable-prompt-tokens-details`), so the estimate is learned.
+        let finished = Finished {
+            ok: true,
+            ttft_ms: ttft_dispatch,
+            ttft_learned: false,
+            upstream_ms: (t - l.dispatched_s) * 1e3,
+            tpot_ms: tpot.map(|x| x * 1e3),
             output_tokens,
-            false,
-        ) {
+            reported: Reported::default(),
+        };
+        for s in finished.samples(&l.learn, t) {
             node.learner.observe(&s);
             node.dirty = true;
         }
@@ -710,14 +710,14 @@ impl<'w> Simulator<'w> {
     fn scrape(&mut self, n: usize, t: f64) {
         for (r, rep) in self.replicas.iter().enumerate() {
             let s = rep.engine.stats();
-            let view = &self.nodes[n].views[r];
-            let prev = view.scraped.load_full();
+            let view = &mut self.nodes[n].views[r];
+            let prev = view.scraped.clone();
             let preemptions = s.preemptions as f64;
             let rate = match prev.as_deref() {
                 Some(p) if t > p.at_s => (preemptions - p.preemptions).max(0.0) / (t - p.at_s),
                 _ => 0.0,
             };
-            view.scraped.store(Some(Arc::new(Scraped {
+            view.scraped = Some(Arc::new(Scraped {
                 at_s: t,
                 engine: EngineKind::Vllm,
                 running: s.running as f64,
@@ -730,7 +730,7 @@ impl<'w> Simulator<'w> {
                 preemptions,
                 preemption_rate: rate,
                 rejected_values: 0,
-            })));
+            }));
         }
         if !self.quiet() {
             self.q
@@ -767,10 +767,10 @@ impl<'w> Simulator<'w> {
                 for k in (0..n_nodes).filter(|&k| k != j) {
                     sum = sum.plus(&self.heard[k][r]);
                 }
-                self.nodes[j].views[r].peer_load.store(Arc::new(PeerLoad {
+                self.nodes[j].views[r].peer_load = PeerLoad {
                     load: sum,
                     updated_s: sent,
-                }));
+                };
             }
         }
     }

@@ -3,41 +3,11 @@
 use std::sync::{Arc, atomic::AtomicU64};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::{health::Health, scrape::Scraped};
-use crate::{
-    config::ReplicaConfig,
-    ledger::{Ledger, Load},
-};
+use crate::{config::ReplicaConfig, ledger::Ledger};
 
-/// A model (or LoRA adapter) a replica serves.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct ModelEntry {
-    pub id: String,
-    /// Base model of an adapter.
-    pub parent: Option<String>,
-    pub max_model_len: Option<u32>,
-}
-
-/// What `/v1/models` last said.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct ServedModels {
-    pub models: Vec<ModelEntry>,
-    /// False until `/v1/models` answered once.
-    pub known: bool,
-}
-
-impl ServedModels {
-    pub fn get(&self, id: &str) -> Option<&ModelEntry> {
-        self.models.iter().find(|m| m.id == id)
-    }
-}
-
-/// Stable 64-bit key of a name (replica, class): equal on every node.
-pub fn key_of(name: &str) -> u64 {
-    xxh3_64(name.as_bytes())
-}
+pub use headroom_core::view::{ModelEntry, PeerLoad, ServedModels, key_of};
 
 #[derive(Debug)]
 pub struct Replica {
@@ -59,13 +29,6 @@ pub struct Replica {
     pub health: Health,
     /// In-flight work of other router nodes here, as last gossiped.
     pub peer_load: ArcSwap<PeerLoad>,
-}
-
-/// Peers' load on a replica and when it was last refreshed (node time axis).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PeerLoad {
-    pub load: Load,
-    pub updated_s: f64,
 }
 
 impl Replica {

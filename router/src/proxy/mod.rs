@@ -16,11 +16,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use rand::{Rng, SeedableRng, rngs::SmallRng};
+use rand::Rng;
+
+use headroom_core::lifecycle::{self, Admission, Admit, DeferLimits};
 
 use crate::{
     PROMPT_TOKENS_HEADER, REPLICA_HEADER, clock,
-    decide::{self, Learn, RouteInputs, Verdict},
+    decide::{self, RouteInputs, RoutedTarget},
     error::ApiError,
     fleet::{Replica, Signal},
     node::Node,
@@ -40,27 +42,13 @@ const HOP: [&str; 6] = [
     "upgrade",
 ];
 
+/// The replica list one decision was made over (targets index into it).
+type Replicas = Arc<Vec<Arc<Replica>>>;
+
 /// One target chosen by the policy.
 struct Target {
     replica: Arc<Replica>,
-    cached_tokens: u32,
-    learn: Learn,
-}
-
-/// What to do with a request.
-enum Plan {
-    Go(Vec<Target>, Option<&'static str>),
-    /// Nothing fits now: wait, then decide again; past the deadline use these.
-    Wait(std::time::Duration, Vec<Target>),
-}
-
-/// Counts a deferred request while it waits.
-struct DeferSlot<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl Drop for DeferSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
+    routed: RoutedTarget,
 }
 
 impl From<CandidateError> for ApiError {
@@ -75,22 +63,28 @@ impl From<CandidateError> for ApiError {
     }
 }
 
-/// Picks targets for a request: the policy's ranking, cut to the retry budget.
-fn choose(node: &Node, profile: &RequestProfile) -> Result<Plan, ApiError> {
+/// One decision now: the policy's ranking, cut to the retry budget, through the
+/// request's admission (go, wait or reject).
+fn choose(
+    node: &Node,
+    profile: &RequestProfile,
+    admission: &mut Admission,
+) -> Result<(Admit, Replicas), ApiError> {
     let replicas = node.fleet.replicas();
     let inputs = RouteInputs {
         policy: node.policy.as_ref(),
         predictor: &node.trainer.shared,
         prefix: &node.prefix,
-        replicas: &replicas,
+        replicas: replicas.as_slice(),
         params: CandidateParams {
             block_tokens: node.cfg.prefix.block_tokens,
             stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
         },
         max_targets: 1 + node.cfg.proxy.retries as usize,
     };
-    let mut rng = SmallRng::from_rng(&mut rand::rng());
-    let routed = decide::route(&inputs, profile, clock::now_s(), &mut rng)?;
+    let mut rng = node.decision_rng();
+    let now_s = clock::now_s();
+    let routed = decide::route(&inputs, profile, now_s, &mut rng)?;
     node.metrics
         .decision_seconds
         .with_label_values(&[node.policy.name()])
@@ -98,26 +92,16 @@ fn choose(node: &Node, profile: &RequestProfile) -> Result<Plan, ApiError> {
     if let Some(kind) = routed.fallback {
         node.metrics.fallbacks.with_label_values(&[kind]).inc();
     }
-    let targets: Vec<Target> = routed
-        .targets
-        .into_iter()
-        .map(|t| Target {
-            replica: replicas[t.index].clone(),
-            cached_tokens: t.cached_tokens,
-            learn: t.learn,
-        })
-        .collect();
-    match routed.verdict {
-        Verdict::Go => Ok(Plan::Go(targets, routed.fallback)),
-        Verdict::Defer(after) => Ok(Plan::Wait(
-            std::time::Duration::from_secs_f64(after.clamp(0.001, 1.0)),
-            targets,
-        )),
-        Verdict::Reject(reason) => {
-            node.metrics.rejected.with_label_values(&["no_fit"]).inc();
-            Err(ApiError::shed(reason))
-        }
+    let admit = admission.admit(routed, now_s);
+    match &admit {
+        Admit::Go {
+            fallback: Some(kind @ (lifecycle::DEFER_FULL | lifecycle::DEFER_EXPIRED)),
+            ..
+        } => node.metrics.fallbacks.with_label_values(&[kind]).inc(),
+        Admit::Reject(_) => node.metrics.rejected.with_label_values(&["no_fit"]).inc(),
+        _ => {}
     }
+    Ok((admit, replicas))
 }
 
 /// Decides, deferring (bounded, within the request's deadline) while nothing fits.
@@ -126,43 +110,32 @@ async fn plan(
     profile: &RequestProfile,
     arrived: Instant,
 ) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
-    let budget =
-        std::time::Duration::from_secs_f64(profile.slo.ttft_ms * node.cfg.slo.defer_budget / 1e3);
-    let deadline = arrived + budget;
-    let mut slot: Option<DeferSlot<'_>> = None;
+    let limits = DeferLimits {
+        budget: node.cfg.slo.defer_budget,
+        max_deferred: node.cfg.slo.max_deferred,
+    };
+    let mut admission = Admission::new(
+        profile,
+        clock::now_s() - arrived.elapsed().as_secs_f64(),
+        limits,
+        node.deferred.clone(),
+    );
     loop {
-        match choose(node, profile)? {
-            Plan::Go(t, f) => {
-                let f = if slot.is_some() && f.is_none() {
-                    Some("deferred")
-                } else {
-                    f
-                };
-                return Ok((t, f));
+        match choose(node, profile, &mut admission)? {
+            (Admit::Go { targets, fallback }, replicas) => {
+                let targets = targets
+                    .into_iter()
+                    .map(|t| Target {
+                        replica: replicas[t.index].clone(),
+                        routed: t,
+                    })
+                    .collect();
+                return Ok((targets, fallback));
             }
-            Plan::Wait(wait, fallback) => {
-                if slot.is_none() {
-                    let n = node
-                        .deferred
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    slot = Some(DeferSlot(&node.deferred));
-                    if n >= node.cfg.slo.max_deferred {
-                        node.metrics
-                            .fallbacks
-                            .with_label_values(&["defer-full"])
-                            .inc();
-                        return Ok((fallback, Some("defer-full")));
-                    }
-                }
-                if Instant::now() + wait > deadline {
-                    node.metrics
-                        .fallbacks
-                        .with_label_values(&["defer-expired"])
-                        .inc();
-                    return Ok((fallback, Some("defer-expired")));
-                }
-                tokio::time::sleep(wait).await;
+            (Admit::Wait(after_s), _) => {
+                tokio::time::sleep(std::time::Duration::from_secs_f64(after_s)).await;
             }
+            (Admit::Reject(reason), _) => return Err(ApiError::shed(reason)),
         }
     }
 }
@@ -237,13 +210,7 @@ pub async fn forward(
             tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
         }
         let r = &target.replica;
-        let booking = decide::book(
-            r,
-            &profile,
-            target.cached_tokens,
-            &target.learn,
-            clock::now_s(),
-        );
+        let booking = lifecycle::book(r.as_ref(), &profile, &target.routed, clock::now_s());
         let req = upstream_request(r, &parsed, &headers)?;
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
@@ -282,9 +249,17 @@ pub async fn forward(
         };
         match outcome {
             Ok((resp, first)) => {
-                let matched = (target.cached_tokens / node.cfg.prefix.block_tokens.max(1)) as usize;
-                node.prefix
-                    .record(&r.prefix_cursor, r.id, &profile.blocks, matched);
+                lifecycle::remember_prefix(
+                    &node.prefix,
+                    r.as_ref(),
+                    &profile,
+                    &target.routed,
+                    node.cfg.prefix.block_tokens,
+                );
+                // Peers learn it too, so a repeat through another node finds it here.
+                if let Some(mesh) = node.mesh.get() {
+                    mesh.note_prefix(r.key, &profile.blocks);
+                }
                 let track = Tracking {
                     node: node.clone(),
                     replica: r.clone(),
@@ -297,7 +272,7 @@ pub async fn forward(
                         crate::request::PromptInput::Ids(_) => None,
                     },
                     prompt_messages: parsed.messages as u32,
-                    learn: Some(target.learn),
+                    learn: Some(target.routed.learn),
                     ttft_learned: false,
                 };
                 return Ok(respond(

@@ -77,9 +77,4 @@ pub struct Outcome {
     pub ttft_learned: bool,
 }
 
-/// What the engine reported about a request's prompt (usage), where it did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Reported {
-    pub prompt_tokens: Option<u32>,
-    pub cached_tokens: Option<u32>,
-}
+pub use headroom_core::lifecycle::Reported;

@@ -31,10 +31,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Candidate, Choice, DecideCtx, Decision, Forecast, Load, Policy, RequestProfile,
+    Candidate, Choice, DecideCtx, Decision, Fallback, Load, Policy, RequestProfile,
     baselines::TokenLoad, features, rank,
 };
-use crate::config::Fallback;
 
 /// Knobs of the `slo` policy (`[slo]` in the config).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -205,7 +204,7 @@ impl SloPolicy {
         let band: Vec<usize> = feasible
             .into_iter()
             .filter(|&i| {
-                let margin = if cands[i].replica.id + 1 == last {
+                let margin = if cands[i].replica.id() + 1 == last {
                     near + self.cfg.hysteresis
                 } else {
                     near
@@ -222,7 +221,7 @@ impl SloPolicy {
         let near: Vec<usize> = band
             .into_iter()
             .filter(|&i| {
-                let tol = if cands[i].replica.id + 1 == last {
+                let tol = if cands[i].replica.id() + 1 == last {
                     self.cfg.cost_tolerance + self.cfg.hysteresis
                 } else {
                     self.cfg.cost_tolerance
@@ -244,19 +243,10 @@ impl SloPolicy {
         }
         (0..cands.len())
             .filter(|&i| evals[i].tier == 0 && cands[i].load().requests == 0.0)
-            .map(|i| (i, now_s - cands[i].replica.ledger.last_booked_s()))
+            .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)
-    }
-}
-
-fn forecast(p: &Prediction) -> Forecast {
-    Forecast {
-        ttft_ms: p.ttft_ms,
-        ttft_upper_ms: p.ttft_upper_ms,
-        tpot_ms: p.tpot_ms,
-        tpot_upper_ms: p.tpot_upper_ms,
     }
 }
 
@@ -283,7 +273,6 @@ impl Policy for SloPolicy {
             .zip(&obs)
             .map(|(c, o)| snap.predict(features::key(c), o))
             .collect();
-        let forecasts: Vec<Option<Forecast>> = preds.iter().map(|p| Some(forecast(p))).collect();
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
         // its own bound (its labels are scarcer and noisier), so warmth is TTFT's.
         let warm = preds
@@ -292,7 +281,7 @@ impl Policy for SloPolicy {
             .count();
         if (warm as f64) < self.cfg.min_warm_fraction * cands.len() as f64 {
             let mut d = TokenLoad.decide(req, cands, ctx);
-            d.forecasts = forecasts;
+            d.predictions = preds;
             d.fallback = Some("cold-model");
             return d;
         }
@@ -348,10 +337,10 @@ impl Policy for SloPolicy {
             Some(choice) => {
                 ranked.retain(|&i| i != choice);
                 ranked.insert(0, choice);
-                self.last.store(cands[choice].replica.id + 1, Relaxed);
+                self.last.store(cands[choice].replica.id() + 1, Relaxed);
                 Decision {
                     choice: Choice::Route(ranked),
-                    forecasts,
+                    predictions: preds,
                     fallback: None,
                 }
             }
@@ -361,7 +350,7 @@ impl Policy for SloPolicy {
                     "no replica can meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms; best is {} (TTFT bound {:.0} ms, TPOT bound {:.0} ms)",
                     req.slo.ttft_ms,
                     req.slo.tpot_ms,
-                    cands[b].replica.name,
+                    cands[b].replica.name(),
                     preds[b].ttft_upper_ms,
                     preds[b].tpot_upper_ms,
                 );
@@ -382,7 +371,7 @@ impl Policy for SloPolicy {
                 };
                 Decision {
                     choice,
-                    forecasts,
+                    predictions: preds,
                     fallback: Some("no-fit"),
                 }
             }

@@ -10,95 +10,30 @@ pub mod candidates;
 pub mod features;
 pub mod peers;
 pub mod rank;
+pub mod registry;
 pub mod slo;
 
 use std::sync::Arc;
 
+use headroom_predictor::Prediction;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::Fallback,
-    fleet::{Replica, Scraped},
-    ledger::Load,
-};
+use crate::{ledger::Load, scraped::Scraped, view::ReplicaView};
 
 pub use candidates::{CandidateError, build_candidates};
+pub use registry::{PolicyName, PolicySettings, build};
 
-/// The policies a node can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// How a request that fits nowhere is handled.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
-pub enum PolicyName {
-    Slo,
-    RoundRobin,
-    LeastRequest,
-    TokenLoad,
-    PrefixAffinity,
-}
-
-impl PolicyName {
-    pub const ALL: [PolicyName; 5] = [
-        PolicyName::Slo,
-        PolicyName::RoundRobin,
-        PolicyName::LeastRequest,
-        PolicyName::TokenLoad,
-        PolicyName::PrefixAffinity,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyName::Slo => "slo",
-            PolicyName::RoundRobin => "round-robin",
-            PolicyName::LeastRequest => "least-request",
-            PolicyName::TokenLoad => "token-load",
-            PolicyName::PrefixAffinity => "prefix-affinity",
-        }
-    }
-}
-
-impl std::str::FromStr for PolicyName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        PolicyName::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = PolicyName::ALL.iter().map(|p| p.as_str()).collect();
-                format!(
-                    "unknown policy `{s}` (expected one of {})",
-                    names.join(", ")
-                )
-            })
-    }
-}
-
-impl std::fmt::Display for PolicyName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Builds one of the node's policies; `predictor` feeds those that predict.
-pub fn build(
-    name: PolicyName,
-    predictor: Arc<headroom_predictor::SharedPredictor>,
-    slo: slo::SloConfig,
-) -> Box<dyn Policy> {
-    build_with(name, predictor, slo, baselines::PrefixAffinity::default())
-}
-
-/// [`build`] with the prefix-affinity baseline's settings.
-pub fn build_with(
-    name: PolicyName,
-    predictor: Arc<headroom_predictor::SharedPredictor>,
-    slo: slo::SloConfig,
-    prefix_affinity: baselines::PrefixAffinity,
-) -> Box<dyn Policy> {
-    match name {
-        PolicyName::RoundRobin => Box::new(baselines::RoundRobin::default()),
-        PolicyName::LeastRequest => Box::new(baselines::LeastRequest),
-        PolicyName::TokenLoad => Box::new(baselines::TokenLoad),
-        PolicyName::PrefixAffinity => Box::new(prefix_affinity),
-        PolicyName::Slo => Box::new(slo::SloPolicy::new(predictor, slo)),
-    }
+pub enum Fallback {
+    /// Send it where the expected violation is smallest.
+    #[default]
+    LeastBad,
+    /// Wait (bounded) for capacity within the TTFT deadline, then least-bad or reject.
+    Defer,
+    /// Fast 429 that says why.
+    Reject,
 }
 
 /// A request's objectives (milliseconds).
@@ -126,7 +61,9 @@ pub struct RequestProfile {
 /// One eligible replica as the policy sees it.
 #[derive(Clone, Debug)]
 pub struct Candidate<'a> {
-    pub replica: &'a Replica,
+    pub replica: &'a dyn ReplicaView,
+    /// Index of the replica in the slice the candidates were built from.
+    pub index: usize,
     /// Estimated prefix-cache hit for this request here (tokens).
     pub cached_tokens: u32,
     /// This node's in-flight work there (exact).
@@ -164,20 +101,12 @@ pub enum Choice {
     },
 }
 
-/// The prediction behind a choice, for headers, metrics and learning.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Forecast {
-    pub ttft_ms: f64,
-    pub ttft_upper_ms: f64,
-    pub tpot_ms: f64,
-    pub tpot_upper_ms: f64,
-}
-
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     pub choice: Choice,
-    /// Per candidate (same indices), when the policy predicts.
-    pub forecasts: Vec<Option<Forecast>>,
+    /// Per candidate (same indices), the prediction the policy decided on; empty when
+    /// the policy does not predict. What headers show and the placement learns against.
+    pub predictions: Vec<Prediction>,
     /// Set when the policy fell back (cold model, nothing fits, …).
     pub fallback: Option<&'static str>,
 }
@@ -186,7 +115,7 @@ impl Decision {
     pub fn route(order: Vec<usize>) -> Self {
         Self {
             choice: Choice::Route(order),
-            forecasts: Vec::new(),
+            predictions: Vec::new(),
             fallback: None,
         }
     }

@@ -180,34 +180,15 @@ impl Policy for PrefixAffinity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{config::ReplicaConfig, fleet::Replica, ledger::Load, policy::Slo};
+    use crate::{
+        ledger::Load,
+        policy::{Slo, peers::testkit::replica},
+        view::PlainReplica,
+    };
     use rand::SeedableRng;
 
-    fn replica(i: u32) -> Replica {
-        Replica::new(
-            i,
-            &ReplicaConfig {
-                url: format!("http://127.0.0.1:{}", 9000 + i),
-                name: None,
-                class: None,
-                region: None,
-                max_batched_tokens: None,
-            },
-        )
-        .unwrap()
-    }
-
-    fn cand(r: &Replica, cached: u32, load: Load) -> Candidate<'_> {
-        Candidate {
-            replica: r,
-            cached_tokens: cached,
-            own: load,
-            peers: Load::default(),
-            peers_age_s: 0.0,
-            scraped: None,
-            scraped_age_s: f64::INFINITY,
-            kv_capacity_tokens: None,
-        }
+    fn cand(r: &PlainReplica, cached: u32, load: Load) -> Candidate<'_> {
+        crate::policy::peers::testkit::cand(r, cached, load)
     }
 
     fn req(prompt: u32) -> RequestProfile {

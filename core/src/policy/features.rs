@@ -8,7 +8,7 @@ use super::{Candidate, Load, RequestProfile};
 
 /// Predictor key of a candidate.
 pub fn key(c: &Candidate<'_>) -> ReplicaKey {
-    ReplicaKey::new(c.replica.key, c.replica.class_key)
+    c.replica.predictor_key()
 }
 
 /// The observation for placing `req` on `c`, excluding `req` itself from the load.
@@ -40,7 +40,7 @@ pub fn observation_with(req: &RequestProfile, c: &Candidate<'_>, load: &Load) ->
         } else {
             0.0
         },
-        max_batched_tokens: c.replica.max_batched_tokens.unwrap_or(0) as f64,
+        max_batched_tokens: c.replica.max_batched_tokens().unwrap_or(0) as f64,
         step_residual_ms: load.step_residual_s * 1e3,
     }
 }

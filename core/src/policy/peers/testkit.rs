@@ -5,27 +5,25 @@ use std::sync::Arc;
 use rand::SeedableRng;
 
 use crate::{
-    config::ReplicaConfig,
-    fleet::{EngineKind, Replica, Scraped},
     ledger::Load,
     policy::{Candidate, Choice, DecideCtx, Policy, RequestProfile, Slo},
+    scraped::{EngineKind, Scraped},
+    view::{PlainReplica, ServedModels, key_of},
 };
 
-pub fn replica(i: u32) -> Replica {
-    Replica::new(
-        i,
-        &ReplicaConfig {
-            url: format!("http://127.0.0.1:{}", 9000 + i),
-            name: None,
-            class: None,
-            region: None,
-            max_batched_tokens: None,
-        },
-    )
-    .expect("loopback URL parses")
+/// A replica named as the router names one given only its URL, its model list not yet
+/// known and its health not yet probed.
+pub fn replica(i: u32) -> PlainReplica {
+    let url = format!("http://127.0.0.1:{}", 9000 + i);
+    let name = format!("127.0.0.1:{}", 9000 + i);
+    let mut r = PlainReplica::new(i, &name, &format!("replica:{name}"), "m", None);
+    r.key = headroom_predictor::ReplicaKey::new(key_of(&url), key_of(&format!("replica:{name}")));
+    r.models = ServedModels::default();
+    r.routable = false;
+    r
 }
 
-pub fn replicas(n: u32) -> Vec<Replica> {
+pub fn replicas(n: u32) -> Vec<PlainReplica> {
     (0..n).map(replica).collect()
 }
 
@@ -48,9 +46,10 @@ pub fn scraped(waiting: f64, running: f64, kv_usage: f64) -> Arc<Scraped> {
 }
 
 /// A candidate holding `cached` prompt tokens, with this node's `own` load and no scrape.
-pub fn cand(r: &Replica, cached: u32, own: Load) -> Candidate<'_> {
+pub fn cand(r: &PlainReplica, cached: u32, own: Load) -> Candidate<'_> {
     Candidate {
         replica: r,
+        index: r.id as usize,
         cached_tokens: cached,
         own,
         peers: Load::default(),
@@ -62,7 +61,7 @@ pub fn cand(r: &Replica, cached: u32, own: Load) -> Candidate<'_> {
 }
 
 /// As [`cand`], with a fresh scrape.
-pub fn cand_s(r: &Replica, cached: u32, own: Load, s: Arc<Scraped>) -> Candidate<'_> {
+pub fn cand_s(r: &PlainReplica, cached: u32, own: Load, s: Arc<Scraped>) -> Candidate<'_> {
     Candidate {
         kv_capacity_tokens: s.kv_capacity_tokens(),
         scraped: Some(s),

@@ -1,21 +1,24 @@
 //! One routing decision, independent of I/O: candidates → policy → ranked targets
 //! with the model inputs and prediction of each. The proxy and the fleet simulator
-//! both call [`route`], so the simulator exercises the binary's decision code.
+//! both call [`route`] (through [`crate::lifecycle`]), so the simulator exercises the
+//! binary's decision code.
+//!
+//! Invariant: a target's prediction is the one its policy decided on when the policy
+//! predicts (`Decision::predictions`); only for policies that do not predict is it
+//! computed here, from one snapshot load per decision. Headers, metrics and the
+//! learned sample therefore carry the forecast the choice was made with.
 
-use std::{sync::Arc, time::Instant};
+use std::time::Instant;
 
-use headroom_predictor::{
-    ModelState, Observation, Prediction, ReplicaKey, Sample, SharedPredictor,
-};
+use headroom_predictor::{Observation, Prediction, ReplicaKey, SharedPredictor};
 
 use crate::{
-    fleet::Replica,
-    ledger::{Booking, BookingSpec},
     policy::{
         CandidateError, Choice, DecideCtx, Policy, RequestProfile, build_candidates,
         candidates::CandidateParams, features,
     },
     prefix::PrefixIndex,
+    view::ReplicaView,
 };
 
 /// The placement's model inputs and the prediction issued for it.
@@ -57,19 +60,19 @@ pub struct Routed {
 }
 
 /// Everything one decision reads.
-pub struct RouteInputs<'a> {
+pub struct RouteInputs<'a, R> {
     pub policy: &'a dyn Policy,
     pub predictor: &'a SharedPredictor,
     pub prefix: &'a PrefixIndex,
-    pub replicas: &'a [Arc<Replica>],
+    pub replicas: &'a [R],
     pub params: CandidateParams,
     /// How many ranked targets to keep (1 + retries).
     pub max_targets: usize,
 }
 
 /// Decides where `profile` goes at `now_s`.
-pub fn route(
-    inp: &RouteInputs<'_>,
+pub fn route<R: ReplicaView>(
+    inp: &RouteInputs<'_, R>,
     profile: &RequestProfile,
     now_s: f64,
     rng: &mut dyn rand::RngCore,
@@ -79,8 +82,9 @@ pub fn route(
     let decision = inp
         .policy
         .decide(profile, &cands, &mut DecideCtx { now_s, rng });
-    let snap = inp.predictor.load();
-    let targets = |order: &[usize]| -> Vec<RoutedTarget> {
+    // Loaded only if some target lacks the policy's own prediction.
+    let mut snap = None;
+    let mut targets = |order: &[usize]| -> Vec<RoutedTarget> {
         order
             .iter()
             .filter(|&&i| i < cands.len())
@@ -89,17 +93,19 @@ pub fn route(
                 let c = &cands[i];
                 let key = features::key(c);
                 let obs = features::observation(profile, c);
+                let prediction = match decision.predictions.get(i).copied() {
+                    Some(p) => p,
+                    None => snap
+                        .get_or_insert_with(|| inp.predictor.load())
+                        .predict(key, &obs),
+                };
                 RoutedTarget {
-                    index: inp
-                        .replicas
-                        .iter()
-                        .position(|r| r.id == c.replica.id)
-                        .expect("candidates come from this replica slice"),
+                    index: c.index,
                     cached_tokens: c.cached_tokens,
                     learn: Learn {
                         key,
                         obs,
-                        prediction: snap.predict(key, &obs),
+                        prediction,
                     },
                 }
             })
@@ -119,63 +125,5 @@ pub fn route(
         targets,
         fallback: decision.fallback,
         decision_ns: started.elapsed().as_nanos() as u64,
-    })
-}
-
-/// Books a placement on `replica` (released when the booking drops). A warm TTFT
-/// forecast in `learn` paces the ledger's estimate of prefill progress.
-pub fn book(
-    replica: &Replica,
-    profile: &RequestProfile,
-    cached_tokens: u32,
-    learn: &Learn,
-    now_s: f64,
-) -> Booking {
-    let p = &learn.prediction;
-    replica.ledger.book(
-        BookingSpec {
-            prompt_tokens: profile.prompt_tokens,
-            cached_tokens,
-            expected_output_tokens: profile.expected_output_tokens,
-            tpot_slo_ms: Some(profile.slo.tpot_ms),
-            expected_ttft_s: (p.ttft_state == ModelState::Warm).then_some(p.ttft_ms / 1e3),
-        },
-        now_s,
-    )
-}
-
-/// Records in the prefix index that `replica` accepted the request.
-pub fn remember_prefix(
-    prefix: &PrefixIndex,
-    replica: &Replica,
-    profile: &RequestProfile,
-    cached_tokens: u32,
-    block_tokens: u32,
-) {
-    let matched = (cached_tokens / block_tokens.max(1)) as usize;
-    prefix.record(&replica.prefix_cursor, replica.id, &profile.blocks, matched);
-}
-
-/// The training sample for a finished request (`None` when nothing was measured).
-pub fn sample(
-    learn: &Learn,
-    at_s: f64,
-    ttft_ms: Option<f64>,
-    tpot_ms: Option<f64>,
-    output_tokens: u32,
-    censored: bool,
-) -> Option<Sample> {
-    if ttft_ms.is_none() && tpot_ms.is_none() {
-        return None;
-    }
-    Some(Sample {
-        key: learn.key,
-        obs: learn.obs,
-        at_s,
-        ttft_ms,
-        tpot_ms,
-        output_tokens,
-        censored,
-        predicted: Some(learn.prediction),
     })
 }

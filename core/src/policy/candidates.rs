@@ -1,12 +1,13 @@
 //! Candidate filtering: model or adapter, context length, health, readiness; then
 //! each survivor's load and prefix match.
 
-use std::sync::{Arc, atomic::Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Candidate, RequestProfile};
 use crate::{
-    fleet::{Replica, Scraped},
     prefix::{Cursor, PrefixIndex},
+    scraped::Scraped,
+    view::{ReplicaView, Serving},
 };
 
 /// Why no candidate is left.
@@ -36,9 +37,9 @@ pub struct CandidateParams {
 }
 
 /// Builds the eligible candidates for `req` at `now_s`.
-pub fn build_candidates<'a>(
+pub fn build_candidates<'a, R: ReplicaView>(
     req: &RequestProfile,
-    replicas: &'a [Arc<Replica>],
+    replicas: &'a [R],
     prefix: &PrefixIndex,
     params: CandidateParams,
     now_s: f64,
@@ -52,40 +53,36 @@ pub fn build_candidates<'a>(
         .prompt_tokens
         .saturating_add(req.max_tokens.unwrap_or(1).max(1));
     let mut out = Vec::with_capacity(replicas.len());
-    for r in replicas {
-        let models = r.models.load();
-        let Some(entry) = models.get(&req.model) else {
-            unknown_lists += usize::from(!models.known);
-            continue;
+    for (index, r) in replicas.iter().enumerate() {
+        let max_len = match r.serving(&req.model) {
+            Serving::NotYetKnown => {
+                unknown_lists += 1;
+                continue;
+            }
+            Serving::No => continue,
+            Serving::Yes { max_model_len } => max_model_len,
         };
         serving += 1;
-        let max_len = entry.max_model_len.or_else(|| {
-            // An adapter inherits its base model's context.
-            entry
-                .parent
-                .as_deref()
-                .and_then(|p| models.get(p))
-                .and_then(|m| m.max_model_len)
-        });
         if let Some(m) = max_len {
             longest = Some(longest.map_or(m, |l| l.max(m)));
             if need > m {
                 continue;
             }
         }
-        if !r.health.routable() {
+        if !r.routable() {
             continue;
         }
-        let scraped = r.scraped.load_full();
+        let scraped = r.scraped();
         let scraped_age_s = scraped
             .as_ref()
             .map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
-        let peer = r.peer_load.load();
+        let peer = r.peer_load();
         let kv_capacity_tokens = scraped.as_deref().and_then(Scraped::kv_capacity_tokens);
         out.push(Candidate {
             replica: r,
+            index,
             cached_tokens: 0,
-            own: r.ledger.load(now_s),
+            own: r.ledger().load(now_s),
             peers: peer.load,
             peers_age_s: (now_s - peer.updated_s).max(0.0),
             scraped: scraped.filter(|_| scraped_age_s <= params.stale_after_s),
@@ -126,8 +123,8 @@ pub fn fill_prefix_matches(
     let cursors: Vec<Cursor> = cands
         .iter()
         .map(|c| Cursor {
-            replica: c.replica.id,
-            seq: c.replica.prefix_cursor.load(Relaxed),
+            replica: c.replica.id(),
+            seq: c.replica.prefix_cursor().load(Relaxed),
             capacity: c
                 .kv_capacity_tokens
                 .map_or(u64::MAX, |t| (t / block_tokens.max(1) as u64).max(1)),
@@ -155,8 +152,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        fleet::{ModelEntry, ServedModels},
         policy::{Load, peers::testkit},
+        view::{ModelEntry, PlainReplica, ServedModels},
     };
 
     fn params() -> CandidateParams {
@@ -166,15 +163,15 @@ mod tests {
         }
     }
 
-    fn serving(r: &Replica, model: &str) {
-        r.models.store(Arc::new(ServedModels {
+    fn serving(r: &mut PlainReplica, model: &str) {
+        r.models = ServedModels {
             models: vec![ModelEntry {
                 id: model.into(),
                 parent: None,
                 max_model_len: Some(4096),
             }],
             known: true,
-        }));
+        };
     }
 
     #[test]
@@ -205,14 +202,14 @@ mod tests {
     #[test]
     fn absent_model_is_not_yet_while_a_list_is_unknown() {
         // A restarted node has not heard `/v1/models` yet: "try again", not "no such model".
-        let rs: Vec<Arc<Replica>> = testkit::replicas(2).into_iter().map(Arc::new).collect();
+        let mut rs = testkit::replicas(2);
         let prefix = PrefixIndex::new(64);
         let req = testkit::req(10);
         let err = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap_err();
         assert_eq!(err, CandidateError::NoHealthy("m".into()));
         // Once every list is known, an absent model is a definite 404.
-        serving(&rs[0], "other");
-        serving(&rs[1], "other");
+        serving(&mut rs[0], "other");
+        serving(&mut rs[1], "other");
         let err = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap_err();
         assert_eq!(err, CandidateError::UnknownModel("m".into()));
     }

@@ -1,6 +1,7 @@
 //! The peer routers' policies — llm-d, SGLang's gateway and NVIDIA Dynamo — re-built
-//! on our [`Policy`] trait, so they run side by side with ours on the same inputs, in
-//! the binary and in the fleet simulator alike.
+//! on our [`Policy`](super::Policy) trait, so they run side by side with ours on the
+//! same inputs, in the binary (`headroom serve --policy <name>`) and in the fleet
+//! simulator alike, under the names of [`PolicyName`](super::PolicyName).
 //!
 //! Each file follows one published policy and states its formula, its units and the
 //! reference passage (`/work/shared/reference/…`) it follows, including where our
@@ -19,82 +20,14 @@ pub mod sglang_cache_aware;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-use std::sync::Arc;
-
-use headroom_predictor::SharedPredictor;
 use rand::Rng;
-use serde::{Deserialize, Serialize};
 
-use super::{Candidate, Policy, RequestProfile, rank};
+use super::{Candidate, RequestProfile, rank};
 
 pub use dynamo_kv::DynamoKv;
 pub use llmd_predicted::{LlmdPredicted, LlmdPredictedConfig};
 pub use llmd_weighted::LlmdWeighted;
 pub use sglang_cache_aware::SglangCacheAware;
-
-/// The peer policies by name, for callers that build them from configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PeerPolicy {
-    LlmdWeighted,
-    SglangCacheAware,
-    DynamoKv,
-    LlmdPredicted,
-}
-
-impl PeerPolicy {
-    pub const ALL: [PeerPolicy; 4] = [
-        PeerPolicy::LlmdWeighted,
-        PeerPolicy::SglangCacheAware,
-        PeerPolicy::DynamoKv,
-        PeerPolicy::LlmdPredicted,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeerPolicy::LlmdWeighted => "llmd-weighted",
-            PeerPolicy::SglangCacheAware => "sglang-cache-aware",
-            PeerPolicy::DynamoKv => "dynamo-kv",
-            PeerPolicy::LlmdPredicted => "llmd-predicted",
-        }
-    }
-
-    /// The policy with its published defaults. Only `llmd-predicted` reads the
-    /// predictor; pass the same handle the `slo` policy gets so both see one snapshot.
-    pub fn build(self, predictor: Arc<SharedPredictor>) -> Box<dyn Policy> {
-        match self {
-            PeerPolicy::LlmdWeighted => Box::new(LlmdWeighted::default()),
-            PeerPolicy::SglangCacheAware => Box::new(SglangCacheAware::default()),
-            PeerPolicy::DynamoKv => Box::new(DynamoKv::default()),
-            PeerPolicy::LlmdPredicted => Box::new(LlmdPredicted::new(
-                predictor,
-                LlmdPredictedConfig::default(),
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for PeerPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        PeerPolicy::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = PeerPolicy::ALL.iter().map(|p| p.as_str()).collect();
-                format!(
-                    "unknown peer policy `{s}` (expected one of {})",
-                    names.join(", ")
-                )
-            })
-    }
-}
-
-impl std::fmt::Display for PeerPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Share of the prompt the candidate holds (0..=1): llm-d's `matchBlocks/totalBlocks`
 /// and SGLang's match rate, from our approximate prefix index. An empty prompt has 0.
@@ -177,21 +110,6 @@ mod tests {
     use rand::SeedableRng;
 
     #[test]
-    fn names_round_trip() {
-        for p in PeerPolicy::ALL {
-            assert_eq!(p.as_str().parse::<PeerPolicy>(), Ok(p));
-            let built = p.build(Arc::new(SharedPredictor::default()));
-            assert_eq!(built.name(), p.as_str());
-        }
-        assert!(
-            "llm-d"
-                .parse::<PeerPolicy>()
-                .unwrap_err()
-                .contains("dynamo-kv")
-        );
-    }
-
-    #[test]
     fn a_res_follows_weights() {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
         let w = [3.0, 1.0, 0.0];
@@ -265,9 +183,9 @@ mod tests {
                 .collect();
             let mut req = testkit::req(prompt);
             req.slo = crate::policy::Slo { ttft_ms: wild(slo[0]), tpot_ms: wild(slo[1]) };
-            let predictor = Arc::new(SharedPredictor::default());
-            for p in PeerPolicy::ALL {
-                let policy = p.build(predictor.clone());
+            let predictor = std::sync::Arc::new(headroom_predictor::SharedPredictor::default());
+            for p in crate::policy::PolicyName::PEERS {
+                let policy = crate::policy::build(p, predictor.clone(), &Default::default());
                 let a = testkit::ranking(policy.as_ref(), &req, &cands, seed);
                 proptest::prop_assert_eq!(a, testkit::ranking(policy.as_ref(), &req, &cands, seed));
             }

@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{a_res, prefix_score, scraped_kv_usage, scraped_waiting};
 use crate::policy::{
-    Candidate, Choice, DecideCtx, Decision, Forecast, Policy, RequestProfile, Slo, features,
+    Candidate, Choice, DecideCtx, Decision, Policy, RequestProfile, Slo, features,
 };
 
 /// How positive headroom maps to a score.
@@ -335,15 +335,6 @@ impl LlmdPredicted {
     }
 }
 
-fn forecast(p: &Prediction) -> Forecast {
-    Forecast {
-        ttft_ms: p.ttft_ms,
-        ttft_upper_ms: p.ttft_upper_ms,
-        tpot_ms: p.tpot_ms,
-        tpot_upper_ms: p.tpot_upper_ms,
-    }
-}
-
 impl Policy for LlmdPredicted {
     fn name(&self) -> &'static str {
         "llmd-predicted"
@@ -360,7 +351,6 @@ impl Policy for LlmdPredicted {
             .iter()
             .map(|c| snap.predict(features::key(c), &features::observation(req, c)))
             .collect();
-        let forecasts: Vec<Option<Forecast>> = preds.iter().map(|p| Some(forecast(p))).collect();
         let all: Vec<usize> = (0..cands.len()).collect();
         if !preds
             .iter()
@@ -369,7 +359,7 @@ impl Policy for LlmdPredicted {
             let w = self.composite(req, cands);
             return Decision {
                 choice: Choice::Route(a_res(&all, &w, ctx.rng)),
-                forecasts,
+                predictions: preds,
                 fallback: Some("no-prediction"),
             };
         }
@@ -426,7 +416,7 @@ impl Policy for LlmdPredicted {
         };
         Decision {
             choice,
-            forecasts,
+            predictions: preds,
             fallback,
         }
     }
@@ -704,7 +694,7 @@ mod tests {
         };
         let d = p.decide(&r, &cs, &mut ctx);
         assert!(matches!(d.choice, Choice::Reject(_)), "{:?}", d.choice);
-        assert_eq!(d.forecasts.len(), 2);
+        assert_eq!(d.predictions.len(), 2);
         // Not sheddable: routed least-bad, flagged.
         r.priority = 0;
         let d = p.decide(&r, &cs, &mut ctx);

@@ -91,7 +91,7 @@ impl SglangCacheAware {
         }
         let trees: Vec<f64> = cands
             .iter()
-            .map(|c| c.replica.prefix_cursor.load(Relaxed) as f64)
+            .map(|c| c.replica.prefix_cursor().load(Relaxed) as f64)
             .collect();
         (rank::by_cost(&trees, rng), Branch::SmallestTree)
     }

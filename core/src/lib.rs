@@ -1,0 +1,25 @@
+//! Headroom's routing core: synchronous and I/O-free, so the `headroom` binary and
+//! the fleet simulator run the very same code, one in wall-clock time, the other in
+//! virtual time.
+//!
+//! Module map: [`view`] (what the core reads of a replica, filled by the host) →
+//! [`policy`] (candidates, the policies, the registry) → [`decide`] (one decision)
+//! → [`lifecycle`] (admit, dispatch, finish); [`ledger`] (this node's in-flight work
+//! per replica), [`prefix`] (which replica holds which prompt blocks), [`blocks`]
+//! (prompt block hashes), [`output`] (output-length estimate), [`scraped`] (engine
+//! state). No async runtime, no HTTP: time comes in as `now_s`, randomness as an rng.
+
+pub mod blocks;
+pub mod decide;
+pub mod ledger;
+pub mod lifecycle;
+pub mod output;
+pub mod policy;
+pub mod prefix;
+pub mod scraped;
+pub mod view;
+
+pub use decide::{Learn, RouteInputs, Routed, RoutedTarget, Verdict, route};
+pub use lifecycle::{Admission, Admit, DeferLimits, Deferrals, Finished, Reported};
+pub use policy::{Fallback, PolicyName, PolicySettings, RequestProfile, Slo};
+pub use view::{PlainReplica, ReplicaView, Serving};

@@ -1,0 +1,49 @@
+//! The routing core's view of a fleet replica: [`ReplicaView`] over the fleet's
+//! lock-free cells (served models, health, last scrape, peers' load, ledger).
+//!
+//! Invariant: each read is one atomic snapshot of its cell; a decision may see one
+//! cell a moment newer than another, never a torn value.
+
+use std::sync::{Arc, atomic::AtomicU64};
+
+use headroom_core::{
+    ledger::Ledger,
+    scraped::Scraped,
+    view::{PeerLoad, ReplicaView, Serving},
+};
+use headroom_predictor::ReplicaKey;
+
+use crate::fleet::Replica;
+
+impl ReplicaView for Replica {
+    fn id(&self) -> u32 {
+        self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn predictor_key(&self) -> ReplicaKey {
+        ReplicaKey::new(self.key, self.class_key)
+    }
+    fn max_batched_tokens(&self) -> Option<u32> {
+        self.max_batched_tokens
+    }
+    fn serving(&self, model: &str) -> Serving {
+        self.models.load().serving(model)
+    }
+    fn routable(&self) -> bool {
+        self.health.routable()
+    }
+    fn scraped(&self) -> Option<Arc<Scraped>> {
+        self.scraped.load_full()
+    }
+    fn peer_load(&self) -> PeerLoad {
+        **self.peer_load.load()
+    }
+    fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+    fn prefix_cursor(&self) -> &AtomicU64 {
+        &self.prefix_cursor
+    }
+}
