@@ -9,6 +9,7 @@ pub mod chat;
 pub mod clock;
 pub mod config;
 pub mod decide;
+pub mod edge;
 pub mod error;
 pub mod fleet;
 pub mod ledger;
@@ -25,6 +26,7 @@ pub mod tokens;
 pub mod trainer;
 pub mod up;
 pub mod upstream;
+pub mod validate;
 
 /// Response header naming the replica that served (or failed) a request.
 pub const REPLICA_HEADER: &str = "x-headroom-replica";

@@ -89,7 +89,7 @@ impl Node {
             trainer,
             mesh: Default::default(),
             deferred: Default::default(),
-            tenants: Tenants::new(&cfg.tenants),
+            tenants: Tenants::from_config(&cfg),
             cfg,
             fleet,
             prefix,
