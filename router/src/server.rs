@@ -175,6 +175,9 @@ async fn handle(
     }
     .await;
     match result {
+        Ok(resp) if !resp.status().is_success() && !is_json(resp.headers()) => {
+            openai_shaped(resp).await
+        }
         Ok(resp) => resp,
         Err(e) => {
             node.metrics
@@ -188,6 +191,51 @@ async fn handle(
             e.into_response()
         }
     }
+}
+
+fn is_json(h: &HeaderMap) -> bool {
+    h.get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+}
+
+/// A replica's error that is not JSON (a proxy's HTML page, plain text) rewritten as an
+/// OpenAI error with the same status, naming the replica; the text is kept, bounded.
+async fn openai_shaped(resp: Response) -> Response {
+    let (parts, body) = resp.into_parts();
+    let text = match tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        axum::body::to_bytes(body, 64 * 1024),
+    )
+    .await
+    {
+        Ok(Ok(b)) => String::from_utf8_lossy(&b)
+            .trim()
+            .chars()
+            .take(300)
+            .collect(),
+        _ => String::new(),
+    };
+    let kind = if parts.status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "upstream_error"
+    };
+    let mut e = ApiError::new(
+        parts.status,
+        kind,
+        if text.is_empty() {
+            format!("The replica answered {}.", parts.status)
+        } else {
+            format!("The replica answered {}: {text}", parts.status)
+        },
+    );
+    e.replica = parts
+        .headers
+        .get(crate::REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    e.into_response()
 }
 
 async fn completions(

@@ -63,6 +63,10 @@ async fn recorder(model: &'static str) -> Recorder {
             post(move |State(s): State<RecState>, h: HeaderMap| async move {
                 s.seen.lock().push(h);
                 let status = s.status.load(SeqCst);
+                if status == 502 {
+                    // What a proxy in front of an engine says: not JSON.
+                    return (StatusCode::BAD_GATEWAY, "<html><body>502 Bad Gateway</body></html>").into_response();
+                }
                 if status != 200 {
                     let code = StatusCode::from_u16(status).unwrap();
                     return (code, Json(json!({"error": {"message": "busy", "type": "rate_limit", "param": null, "code": status}}))).into_response();
@@ -398,6 +402,34 @@ async fn every_error_is_openai_shaped() {
         let v: Value = resp.json().await.unwrap();
         assert_openai_error(&v, status);
     }
+    // A replica's own error page that is not JSON is rewritten, status kept.
+    let rec = recorder("m").await;
+    rec.status.store(502, SeqCst);
+    let r = router(
+        &[format!("http://{}", rec.addr)],
+        PolicyName::LeastRequest,
+        |c| {
+            c.proxy.retries = 0;
+        },
+    )
+    .await;
+    let resp = c
+        .post(r.url("/v1/completions"))
+        .json(&completion())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    assert!(resp.headers().contains_key("x-headroom-replica"));
+    let v: Value = resp.json().await.unwrap();
+    assert_openai_error(&v, 502);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("502 Bad Gateway"),
+        "{v}"
+    );
 }
 
 #[tokio::test]

@@ -22,6 +22,8 @@ use prometheus::{IntCounter, Registry};
 
 /// Heartbeat movement smaller than this is jitter of the age arithmetic.
 const MOVED: Duration = Duration::from_millis(10);
+/// Heartbeat steps seen before a twin counts as live.
+const LIVE_MOVES: u32 = 3;
 
 /// A live twin found at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,8 +53,8 @@ pub async fn check_at_start(
 ) -> Option<Twin> {
     let start = Instant::now();
     let mut contact: Option<Instant> = None;
-    // (addr, generation) → when its heartbeat was last seen to change, as first read.
-    let mut first: HashMap<(SocketAddr, u64), Instant> = HashMap::new();
+    // (addr, generation) → (when its heartbeat last changed, times seen to change).
+    let mut seen_moving: HashMap<(SocketAddr, u64), (Instant, u32)> = HashMap::new();
     while start.elapsed() < window {
         let now = Instant::now();
         let members = mesh.members().await;
@@ -62,19 +64,20 @@ pub async fn check_at_start(
         let mut candidates = 0;
         for m in twins(&members, id, own_addr) {
             candidates += 1;
-            let seen = now.checked_sub(m.last_seen_age).unwrap_or(now);
-            let key = (m.addr, m.generation);
-            match first.get(&key) {
-                None => {
-                    first.insert(key, seen);
-                }
-                Some(&f) if seen > f + MOVED => {
-                    return Some(Twin {
-                        addr: m.addr,
-                        generation: m.generation,
-                    });
-                }
-                Some(_) => {}
+            let beat = now.checked_sub(m.last_seen_age).unwrap_or(now);
+            let e = seen_moving
+                .entry((m.addr, m.generation))
+                .or_insert((beat, 0));
+            if beat > e.0 + MOVED {
+                *e = (beat, e.1 + 1);
+            }
+            // A dead incarnation's heartbeat can step once or twice while views from
+            // different seeds converge; a live one keeps stepping every gossip round.
+            if e.1 >= LIVE_MOVES {
+                return Some(Twin {
+                    addr: m.addr,
+                    generation: m.generation,
+                });
             }
         }
         if candidates == 0 && contact.is_some_and(|c| c.elapsed() >= settle) {
