@@ -5,7 +5,8 @@
 //! `cargo bench -p headroom --bench edge_slowloris` (release build). Knobs:
 //! `SLOWLORIS_CONNS` (default 500), `SLOWLORIS_SECS` (how long the attack runs while
 //! measuring, default 20), `SLOWLORIS_HEADER_MS` (the router's
-//! `edge.header_read_timeout_ms`, default 10000).
+//! `edge.header_read_timeout_ms`, default 10000), `SLOWLORIS_CAP` (`edge.max_connections`,
+//! default 4096).
 
 use std::{
     net::SocketAddr,
@@ -126,6 +127,7 @@ async fn main() {
     let conns = env("SLOWLORIS_CONNS", 500) as usize;
     let secs = env("SLOWLORIS_SECS", 20);
     let header_ms = env("SLOWLORIS_HEADER_MS", 10_000);
+    let cap = env("SLOWLORIS_CAP", 4_096);
     let rep = replica().await;
     let listen = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -136,7 +138,7 @@ async fn main() {
     std::fs::write(
         &cfg,
         format!(
-            "listen = \"{listen}\"\npolicy = \"least-request\"\n[[replicas]]\nurl = \"http://{rep}\"\n[edge]\nheader_read_timeout_ms = {header_ms}\n"
+            "listen = \"{listen}\"\npolicy = \"least-request\"\n[[replicas]]\nurl = \"http://{rep}\"\n[edge]\nheader_read_timeout_ms = {header_ms}\nmax_connections = {cap}\n"
         ),
     )
     .unwrap();
@@ -223,7 +225,7 @@ async fn main() {
         reopened += u64::from(t.await.unwrap_or(0));
     }
     println!(
-        "router RSS: {} KiB before, {} KiB during ({} connections opened over {secs} s, header timeout {header_ms} ms)",
+        "router RSS: {} KiB before, {} KiB during ({} connections opened over {secs} s, header timeout {header_ms} ms, max_connections {cap})",
         rss_before, rss_during, reopened
     );
 }

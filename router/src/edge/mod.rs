@@ -2,9 +2,11 @@
 //! the headers that go upstream, and live reload of tenants.
 //!
 //! Invariants:
-//! - Every connection holds one permit of a semaphore of `max_connections`; past it a
-//!   new connection is closed at once, so descriptors and memory stay bounded whatever
-//!   clients do. Per connection, hyper's read buffer is capped at `max_header_bytes`.
+//! - Every connection holds one permit of a semaphore of `max_connections`, so
+//!   descriptors and memory stay bounded whatever clients do; at the cap the oldest
+//!   connection that has not sent a request yet is closed to make room (a newcomer is
+//!   refused only when every open connection has sent one). Per connection, hyper's
+//!   read buffer is capped at `max_header_bytes`.
 //! - A connection must deliver its first request's headers (after the TLS handshake)
 //!   within `header_read_timeout_ms`, and each later request's headers within
 //!   `idle_timeout_ms` of the previous response, else it is closed; a request body must
