@@ -65,6 +65,8 @@ pub struct RouterConfig {
     pub predictor_publish_ms: u64,
     /// The mesh (off unless `mesh.listen` is set).
     pub mesh: MeshSettings,
+    /// The client-facing edge: timeouts, connection cap, TLS, admin surface, identity.
+    pub edge: crate::edge::EdgeConfig,
 }
 
 impl Default for RouterConfig {
@@ -91,6 +93,7 @@ impl Default for RouterConfig {
             predictor_journal: None,
             predictor_publish_ms: 100,
             mesh: MeshSettings::default(),
+            edge: crate::edge::EdgeConfig::default(),
         }
     }
 }
@@ -407,8 +410,12 @@ impl RouterConfig {
     /// Checks cross-field rules; called by every constructor path.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for r in &self.replicas {
-            crate::fleet::parse_base_url(&r.url)
-                .map_err(|e| ConfigError::Invalid(format!("replica `{}`: {e}", r.url)))?;
+            crate::fleet::parse_base_url(&r.url).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "replica `{}`: {e}",
+                    crate::fleet::redact_url(&r.url)
+                ))
+            })?;
         }
         if self.scrape.interval_ms == 0 || self.health.probe_interval_ms == 0 {
             return Err(ConfigError::Invalid("intervals must be > 0".into()));
@@ -435,7 +442,7 @@ impl RouterConfig {
                 )));
             }
         }
-        Ok(())
+        crate::validate::check(self).map_err(ConfigError::Invalid)
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod edge;
 pub mod error;
 pub mod fleet;
 pub mod mesh;
@@ -23,6 +24,7 @@ pub mod tokens;
 pub mod trainer;
 pub mod up;
 pub mod upstream;
+pub mod validate;
 
 // The routing core, under the paths the rest of the router has always used.
 pub use headroom_core::{decide, ledger, lifecycle, policy, prefix};

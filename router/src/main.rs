@@ -175,13 +175,14 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
     Ok(cfg)
 }
 
-async fn serve(cfg: RouterConfig) -> anyhow::Result<()> {
+async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let mesh_on = cfg.mesh.listen.is_some();
     let node = Node::start(cfg, cancel.child_token())?;
+    headroom::edge::reload::spawn_sighup(node.clone(), config_path, cancel.child_token());
     if mesh_on {
         let rt = headroom::mesh::MeshRuntime::start(node.clone(), cancel.child_token()).await?;
         node.fleet.set_share(rt.clone());
@@ -224,7 +225,10 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.cmd {
-        Cmd::Serve(a) => serve(serve_config(*a)?).await,
+        Cmd::Serve(a) => {
+            let path = a.config.clone();
+            serve(serve_config(*a)?, path).await
+        }
         Cmd::Certs(a) => {
             let nodes: Vec<&str> = a.nodes.iter().map(String::as_str).collect();
             let report = headroom_gossip::write_dev_certs(&a.dir, &nodes)?;

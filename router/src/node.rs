@@ -93,7 +93,7 @@ impl Node {
             mesh: Default::default(),
             deferred: Deferrals::new(),
             decisions: Default::default(),
-            tenants: Tenants::new(&cfg.tenants),
+            tenants: Tenants::from_config(&cfg),
             cfg,
             fleet,
             prefix,

@@ -2,20 +2,21 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Instant};
 
+use anyhow::Context;
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     body::Body,
     extract::{DefaultBodyLimit, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
-    serve::ListenerExt,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock,
+    edge::{self, listen::Peer},
     error::ApiError,
     node::Node,
     policy::RequestProfile,
@@ -23,40 +24,100 @@ use crate::{
     request::{self, Endpoint},
 };
 
-/// Builds the router's HTTP application.
+/// The client application: OpenAI endpoints, health and readiness, plus the admin
+/// endpoints (`/metrics`, `/debug/*`) unless `edge.admin_listen` moves them away.
+/// Unknown paths and methods get OpenAI-shaped errors.
 pub fn app(node: Arc<Node>) -> Router {
-    Router::new()
+    let admin_here = node.cfg.edge.admin_listen.is_none();
+    let mut r = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(ready));
+    if admin_here {
+        r = r.merge(admin_routes(&node));
+    }
+    finish(r, node)
+}
+
+/// The admin application (`edge.admin_listen`): health, readiness, metrics, debug.
+pub fn admin_app(node: Arc<Node>) -> Router {
+    let r = Router::new()
+        .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
+        .merge(admin_routes(&node));
+    finish(r, node)
+}
+
+fn admin_routes(node: &Arc<Node>) -> Router<Arc<Node>> {
+    let token: Option<Arc<str>> = node.cfg.edge.admin_token.as_deref().map(Arc::from);
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/debug/replicas", get(debug_replicas))
         .route("/debug/cluster", get(debug_cluster))
         .route("/debug/predictor", get(debug_predictor))
-        // Size is enforced by `read_body` so the error is OpenAI-shaped.
-        .layer(DefaultBodyLimit::disable())
-        .with_state(node)
+        .route_layer(axum::middleware::from_fn_with_state(
+            token,
+            edge::admin::require_token,
+        ))
 }
 
-/// Serves until `cancel` fires, then drains in-flight requests.
+fn finish(r: Router<Arc<Node>>, node: Arc<Node>) -> Router {
+    r.fallback(|| async {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            "No such endpoint on this router.",
+        )
+    })
+    .method_not_allowed_fallback(|| async {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "Method not allowed on this endpoint.",
+        )
+    })
+    // Size is enforced by `read_body` so the error is OpenAI-shaped.
+    .layer(DefaultBodyLimit::disable())
+    .with_state(node)
+}
+
+/// Serves until `cancel` fires, then drains in-flight requests. Opens the admin
+/// listener too when `edge.admin_listen` is set, and speaks TLS on the client listener
+/// when `edge.tls_cert`/`edge.tls_key` are.
 pub async fn serve(
     node: Arc<Node>,
     listener: tokio::net::TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    tracing::info!(%addr, policy = node.policy.name(), "headroom router listening");
-    // TCP_NODELAY: a token stream must not wait on the client's delayed ACKs.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("set_nodelay failed: {e}");
+    let e = &node.cfg.edge;
+    let tls = match (&e.tls_cert, &e.tls_key) {
+        (Some(c), Some(k)) => Some(edge::tls::acceptor(c, k)?),
+        _ => None,
+    };
+    let edge = edge::listen::Edge::new(e, node.metrics.registry());
+    let admin = match e.admin_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen on edge.admin_listen {a}"))?,
+        ),
+        None => None,
+    };
+    tracing::info!(%addr, tls = tls.is_some(), policy = node.policy.name(), "headroom router listening");
+    let admin_task = admin.map(|l| {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!(addr = %a, "admin endpoints listening");
         }
+        let (edge, app, cancel) = (edge.clone(), admin_app(node.clone()), cancel.clone());
+        tokio::spawn(async move { edge.serve(l, app, None, cancel).await })
     });
-    axum::serve(listener, app(node))
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await?;
+    edge.serve(listener, app(node), tls, cancel).await?;
+    if let Some(t) = admin_task {
+        t.await??;
+    }
     Ok(())
 }
 
@@ -69,17 +130,34 @@ async fn read_body(node: &Node, headers: &HeaderMap, body: Body) -> Result<bytes
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::too_large(limit));
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))
+    let timeout = node.cfg.edge.body_read_timeout();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(ApiError::too_large(limit)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "The request body did not arrive within {} ms.",
+                timeout.as_millis()
+            ),
+        )),
+    }
 }
 
-async fn handle(node: Arc<Node>, endpoint: Endpoint, headers: HeaderMap, body: Body) -> Response {
+async fn handle(
+    node: Arc<Node>,
+    endpoint: Endpoint,
+    peer: Option<Peer>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let arrived = Instant::now();
     let result = async {
+        // Identity first: an unauthenticated client never gets its body buffered.
+        let tenant = node.tenants.resolve(&headers)?;
         let bytes = read_body(&node, &headers, body).await?;
         let parsed = request::parse(endpoint, &bytes, node.cfg.proxy.chunk_usage)?;
-        let tenant = node.tenants.resolve(&headers)?;
         let (parsed, shape) = node.shape_off_worker(parsed).await?;
         let profile = RequestProfile {
             model: parsed.model.clone(),
@@ -92,10 +170,14 @@ async fn handle(node: Arc<Node>, endpoint: Endpoint, headers: HeaderMap, body: B
             fallback: tenant.fallback,
             stream: parsed.stream,
         };
-        proxy::forward(node.clone(), parsed, profile, headers, arrived).await
+        let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
+        proxy::forward(node.clone(), parsed, profile, upstream, arrived).await
     }
     .await;
     match result {
+        Ok(resp) if !resp.status().is_success() && !is_json(resp.headers()) => {
+            openai_shaped(resp).await
+        }
         Ok(resp) => resp,
         Err(e) => {
             node.metrics
@@ -111,12 +193,69 @@ async fn handle(node: Arc<Node>, endpoint: Endpoint, headers: HeaderMap, body: B
     }
 }
 
-async fn completions(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
-    handle(node, Endpoint::Completions, headers, body).await
+fn is_json(h: &HeaderMap) -> bool {
+    h.get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
 }
 
-async fn chat(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
-    handle(node, Endpoint::ChatCompletions, headers, body).await
+/// A replica's error that is not JSON (a proxy's HTML page, plain text) rewritten as an
+/// OpenAI error with the same status, naming the replica; the text is kept, bounded.
+async fn openai_shaped(resp: Response) -> Response {
+    let (parts, body) = resp.into_parts();
+    let text = match tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        axum::body::to_bytes(body, 64 * 1024),
+    )
+    .await
+    {
+        Ok(Ok(b)) => String::from_utf8_lossy(&b)
+            .trim()
+            .chars()
+            .take(300)
+            .collect(),
+        _ => String::new(),
+    };
+    let kind = if parts.status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "upstream_error"
+    };
+    let mut e = ApiError::new(
+        parts.status,
+        kind,
+        if text.is_empty() {
+            format!("The replica answered {}.", parts.status)
+        } else {
+            format!("The replica answered {}: {text}", parts.status)
+        },
+    );
+    e.replica = parts
+        .headers
+        .get(crate::REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    e.into_response()
+}
+
+async fn completions(
+    State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let peer = peer.map(|Extension(p)| p);
+    handle(node, Endpoint::Completions, peer, headers, body).await
+}
+
+async fn chat(
+    State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let peer = peer.map(|Extension(p)| p);
+    handle(node, Endpoint::ChatCompletions, peer, headers, body).await
 }
 
 /// The fleet's models and adapters (union over replicas that answered).
@@ -194,6 +333,8 @@ async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
                 "consecutive_failures": r.health.consecutive_failures(),
                 "ejections": r.health.total_ejections(),
                 "last_ejection_age_s": r.health.last_ejection_age_s(now_ms),
+                "backpressure_429s": r.health.backpressure_total(),
+                "last_backpressure_age_s": r.health.last_backpressure_age_s(now_ms),
                 "models": &r.models.load().models,
                 "scraped": scraped.as_deref(),
                 "scraped_age_s": scraped.as_ref().map(|s| now - s.at_s),

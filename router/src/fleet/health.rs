@@ -41,6 +41,10 @@ pub struct Health {
     /// `now_ms + 1` at the last ejection (0: never), so operators and the chaos
     /// harness can date an ejection without polling for it.
     last_ejected_ms_plus_one: AtomicU64,
+    /// 429s answered: backpressure, counted apart from failures (it never ejects).
+    backpressure_total: AtomicU64,
+    /// `now_ms + 1` at the last 429 (0: never).
+    last_backpressure_ms_plus_one: AtomicU64,
 }
 
 const HEALTHY: u8 = 1;
@@ -85,6 +89,26 @@ impl Health {
     /// Seconds since the last ejection at `now_ms`, or None if never ejected.
     pub fn last_ejection_age_s(&self, now_ms: u64) -> Option<f64> {
         match self.last_ejected_ms_plus_one.load(Relaxed) {
+            0 => None,
+            at => Some(now_ms.saturating_sub(at - 1) as f64 / 1e3),
+        }
+    }
+
+    /// The replica refused work with 429 at `now_ms`: it is alive and full. Recorded,
+    /// never counted toward ejection (ejecting it would pile its load on the others).
+    pub fn on_backpressure(&self, now_ms: u64) {
+        self.backpressure_total.fetch_add(1, Relaxed);
+        self.last_backpressure_ms_plus_one
+            .store(now_ms.saturating_add(1), Relaxed);
+    }
+
+    pub fn backpressure_total(&self) -> u64 {
+        self.backpressure_total.load(Relaxed)
+    }
+
+    /// Seconds since the last 429, or None if there was none.
+    pub fn last_backpressure_age_s(&self, now_ms: u64) -> Option<f64> {
+        match self.last_backpressure_ms_plus_one.load(Relaxed) {
             0 => None,
             at => Some(now_ms.saturating_sub(at - 1) as f64 / 1e3),
         }
@@ -178,6 +202,20 @@ mod tests {
             Some(0.0),
             "dated by the latest one"
         );
+    }
+
+    #[test]
+    fn backpressure_never_ejects() {
+        let h = Health::default();
+        let c = cfg();
+        h.on_success(Signal::Probe, 0, &c);
+        for t in 1..100 {
+            h.on_backpressure(t);
+        }
+        assert!(h.routable());
+        assert_eq!(h.consecutive_failures(), 0);
+        assert_eq!(h.backpressure_total(), 99);
+        assert_eq!(h.last_backpressure_age_s(1_099), Some(1.0));
     }
 
     #[test]

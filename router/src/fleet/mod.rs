@@ -31,8 +31,52 @@ pub fn parse_base_url(url: &str) -> Result<http::Uri, String> {
     Ok(uri)
 }
 
+/// `url` without credentials (`http://user:pass@host` → `http://host`): what logs,
+/// headers, metrics and debug views may show. Works on strings that are not URLs too.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+/// `uri` without its userinfo.
+pub fn strip_userinfo(uri: &http::Uri) -> http::Uri {
+    let Some(auth) = uri.authority() else {
+        return uri.clone();
+    };
+    let Some((_, host)) = auth.as_str().rsplit_once('@') else {
+        return uri.clone();
+    };
+    let mut parts = uri.clone().into_parts();
+    match host.parse() {
+        Ok(a) => {
+            parts.authority = Some(a);
+            http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+        }
+        Err(_) => uri.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn credentials_are_redacted() {
+        assert_eq!(
+            super::redact_url("http://user:pa%40ss@10.0.0.1:8000/"),
+            "http://10.0.0.1:8000/"
+        );
+        assert_eq!(super::redact_url("http://h:1"), "http://h:1");
+        assert_eq!(super::redact_url("u:p@h:1/x@y"), "h:1/x@y");
+        let u: http::Uri = "http://u:p@h:1".parse().unwrap();
+        assert_eq!(super::strip_userinfo(&u).to_string(), "http://h:1/");
+    }
+
     #[test]
     fn base_urls() {
         assert!(super::parse_base_url("http://127.0.0.1:8000").is_ok());

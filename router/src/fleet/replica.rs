@@ -34,8 +34,9 @@ pub struct Replica {
 impl Replica {
     /// Builds a replica from its config; `id` comes from the fleet.
     pub fn new(id: u32, rc: &ReplicaConfig) -> Result<Self, String> {
-        let base = super::parse_base_url(&rc.url)?;
-        let url = rc.url.trim_end_matches('/').to_string();
+        // Credentials never leave the config: not in names, URLs, keys or logs.
+        let base = super::strip_userinfo(&super::parse_base_url(&rc.url)?);
+        let url = super::redact_url(rc.url.trim_end_matches('/'));
         let name = rc.name.clone().unwrap_or_else(|| {
             base.authority()
                 .map(|a| a.to_string())

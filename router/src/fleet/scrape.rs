@@ -123,6 +123,9 @@ pub fn samples(text: &str) -> impl Iterator<Item = Sample<'_>> {
     text.lines().filter_map(parse_line)
 }
 
+/// Largest value a scraped count or counter may take.
+const MAX_SANE_VALUE: f64 = 1e15;
+
 #[derive(Default)]
 struct Acc {
     running: Option<f64>,
@@ -147,7 +150,9 @@ pub fn parse_metrics(text: &str, prev: Option<&Scraped>, now_s: f64) -> Result<S
     let mut a = Acc::default();
     for s in samples(text) {
         let v = s.value;
-        let sane = v.is_finite() && v >= 0.0;
+        // Above 1e15 no engine count is real, and summing such values overflowed to
+        // inf (found by fuzzing: two `1e308` queue lengths).
+        let sane = v.is_finite() && (0.0..=MAX_SANE_VALUE).contains(&v);
         let (engine, field) = match s.name {
             "vllm:num_requests_running" => (EngineKind::Vllm, "running"),
             "vllm:num_requests_waiting" => (EngineKind::Vllm, "waiting"),

@@ -13,6 +13,7 @@
 //!
 //! Nothing here is on the request path except `note_prefix`, a non-blocking send.
 
+pub mod duplicate;
 mod owners;
 mod peers;
 
@@ -79,6 +80,9 @@ pub struct MeshSettings {
     pub predictor_interval_ms: u64,
     /// Use QUIC datagrams for in-flight updates (else gossip only).
     pub datagrams: bool,
+    /// At start, how long to watch for a live node with this node's id before joining
+    /// (the start is refused if one is found); 0 skips the check.
+    pub duplicate_check_ms: u64,
 }
 
 impl Default for MeshSettings {
@@ -99,6 +103,7 @@ impl Default for MeshSettings {
             prefix_interval_ms: 250,
             predictor_interval_ms: 2_000,
             datagrams: true,
+            duplicate_check_ms: 3_000,
         }
     }
 }
@@ -125,6 +130,7 @@ pub struct MeshRuntime {
     pub ingested: AtomicU64,
     cancel: CancellationToken,
     tracker: TaskTracker,
+    duplicates: duplicate::DuplicateWatch,
 }
 
 fn to_stat(b: &StatsBlock) -> StatBlock {
@@ -231,6 +237,22 @@ impl MeshRuntime {
         cfg.value_ttl = Duration::from_millis(s.peer_ttl_ms.max(1_000) * 3);
         cfg.max_value_bytes = 32 * 1024;
         let mesh = Mesh::start(cfg).await.context("starting the mesh")?;
+        let duplicates = duplicate::DuplicateWatch::new(node.metrics.registry());
+        if s.duplicate_check_ms > 0 && !(s.peers.is_empty() && s.remote_region_peers.is_empty()) {
+            let window = Duration::from_millis(s.duplicate_check_ms);
+            let settle = Duration::from_millis(s.gossip_interval_ms.max(10) * 4);
+            if let Some(t) =
+                duplicate::check_at_start(&mesh, &node_id, mesh.addr(), window, settle).await
+            {
+                tracing::error!(node = %node_id, twin_addr = %t.addr, "node id already live in the mesh: refusing to join");
+                mesh.shutdown().await;
+                anyhow::bail!(
+                    "node id `{node_id}` is already live in the mesh (gossip address {}, generation {}): refusing to start a second node with the same id",
+                    t.addr,
+                    t.generation
+                );
+            }
+        }
         let (prefix_tx, prefix_rx) = crossbeam_channel::bounded(4096);
         let (scrape_tx, scrape_rx) = tokio::sync::mpsc::channel(1024);
         let rt = Arc::new(MeshRuntime {
@@ -249,6 +271,7 @@ impl MeshRuntime {
             ingested: AtomicU64::new(0),
             cancel,
             tracker: TaskTracker::new(),
+            duplicates,
         });
         let info = WireValue::NodeInfo(NodeInfo {
             region: rt.settings.region.clone(),
@@ -405,9 +428,11 @@ impl MeshRuntime {
                 p.publish(&self.node.fleet.replicas(), now);
             }
             let Some(mesh) = self.mesh() else { return };
-            let members: Vec<String> = mesh
-                .members()
-                .await
+            let all = mesh.members().await;
+            let own_generation = all.iter().find(|m| m.is_self).map_or(0, |m| m.generation);
+            self.duplicates
+                .check(&all, self.node_id(), self.addr, own_generation);
+            let members: Vec<String> = all
                 .into_iter()
                 .filter(|m| m.live && m.scope == Scope::Region)
                 .map(|m| m.node_id.to_string())
@@ -626,6 +651,7 @@ impl MeshRuntime {
             "scrape_owners": { "k": owners.k, "members": owners.members },
             "published_vectors": self.published.load(Relaxed),
             "ingested_events": self.ingested.load(Relaxed),
+            "duplicate_node_ids": self.duplicates.total(),
             "stats": format!("{st:?}"),
         })
     }

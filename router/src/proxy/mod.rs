@@ -292,7 +292,11 @@ pub async fn forward(
                     .upstream_errors
                     .with_label_values(&[&r.name, why])
                     .inc();
-                if r.health
+                if why == "429" {
+                    // Backpressure, not failure: recorded, never ejects.
+                    r.health.on_backpressure(clock::now_ms());
+                } else if r
+                    .health
                     .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
                 {
                     node.metrics.ejection(&r.name);

@@ -1,0 +1,325 @@
+//! Range checks for every number in the configuration, run at start (and on reload).
+//!
+//! A value that would panic a worker later (`Duration::from_secs_f64(-1)`), make every
+//! request fail (`max_body_bytes = 0`) or silently disable a mechanism (`explore = 5`)
+//! stops the node here, with the field's TOML path and the accepted range. Every
+//! problem is reported at once, so one edit fixes a file.
+
+use std::collections::HashSet;
+
+use crate::config::RouterConfig;
+
+/// Longest timeout or period accepted anywhere (one day): beyond it is a typo.
+pub const MAX_MS: u64 = 86_400_000;
+/// Largest objective (ms) a tenant may declare, as for SLO headers (one hour).
+pub const MAX_SLO_MS: f64 = 3_600_000.0;
+/// Largest request body the router will buffer (1 GiB).
+pub const MAX_BODY_BYTES: usize = 1 << 30;
+/// Most extra attempts per request.
+pub const MAX_RETRIES: u32 = 16;
+
+/// Collects problems as `field: message`.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, field: &str, msg: impl std::fmt::Display) {
+        self.0.push(format!("`{field}` {msg}"));
+    }
+
+    /// A duration or period in ms: `1..=MAX_MS`.
+    fn ms(&mut self, field: &str, v: u64) {
+        if v == 0 || v > MAX_MS {
+            self.push(field, format!("= {v} must be in 1..={MAX_MS} ms"));
+        }
+    }
+
+    /// A float in `[lo, hi]`, finite.
+    fn range(&mut self, field: &str, v: f64, lo: f64, hi: f64) {
+        if !(v.is_finite() && v >= lo && v <= hi) {
+            self.push(
+                field,
+                format!("= {v} must be a finite number in [{lo}, {hi}]"),
+            );
+        }
+    }
+
+    /// A finite float ≥ `lo`.
+    fn at_least(&mut self, field: &str, v: f64, lo: f64) {
+        if !(v.is_finite() && v >= lo) {
+            self.push(field, format!("= {v} must be a finite number >= {lo}"));
+        }
+    }
+
+    /// A finite float > 0.
+    fn positive(&mut self, field: &str, v: f64) {
+        if !(v.is_finite() && v > 0.0) {
+            self.push(field, format!("= {v} must be a finite number > 0"));
+        }
+    }
+
+    fn nonzero(&mut self, field: &str, v: u64) {
+        if v == 0 {
+            self.push(field, "must be > 0");
+        }
+    }
+}
+
+/// Every range problem of `cfg`, joined; `Ok` when there is none.
+pub fn check(cfg: &RouterConfig) -> Result<(), String> {
+    let mut p = Problems::default();
+    replicas(cfg, &mut p);
+    fleet(cfg, &mut p);
+    proxy(cfg, &mut p);
+    policies(cfg, &mut p);
+    tenants(cfg, &mut p);
+    mesh(cfg, &mut p);
+    crate::edge::validate(&cfg.edge, cfg, &mut |f, m| p.push(f, m));
+    if p.0.is_empty() {
+        Ok(())
+    } else {
+        Err(p.0.join("; "))
+    }
+}
+
+fn replicas(cfg: &RouterConfig, p: &mut Problems) {
+    let mut seen = HashSet::new();
+    for (i, r) in cfg.replicas.iter().enumerate() {
+        let shown = crate::fleet::redact_url(&r.url);
+        if !seen.insert(r.url.trim_end_matches('/')) {
+            p.push(
+                &format!("replicas[{i}].url"),
+                format!("`{shown}` is listed twice"),
+            );
+        }
+        if r.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            p.push(&format!("replicas[{i}].name"), "must not be empty");
+        }
+        if r.max_batched_tokens == Some(0) {
+            p.push(&format!("replicas[{i}].max_batched_tokens"), "must be > 0");
+        }
+    }
+    if let Some(d) = &cfg.discovery {
+        if d.name.trim().is_empty() || !d.name.contains(':') {
+            p.push("discovery.name", "must be `host:port`");
+        }
+        if !(100..=MAX_MS).contains(&d.interval_ms) {
+            p.push(
+                "discovery.interval_ms",
+                format!("= {} must be in 100..={MAX_MS}", d.interval_ms),
+            );
+        }
+    }
+    let mut models = HashSet::new();
+    for (i, m) in cfg.models.iter().enumerate() {
+        if m.name.trim().is_empty() {
+            p.push(&format!("models[{i}].name"), "must not be empty");
+        } else if !models.insert(m.name.as_str()) {
+            p.push(
+                &format!("models[{i}].name"),
+                format!("`{}` is listed twice", m.name),
+            );
+        }
+    }
+}
+
+fn fleet(cfg: &RouterConfig, p: &mut Problems) {
+    let s = &cfg.scrape;
+    p.ms("scrape.interval_ms", s.interval_ms);
+    p.ms("scrape.timeout_ms", s.timeout_ms);
+    p.ms("scrape.stale_after_ms", s.stale_after_ms);
+    p.ms("scrape.models_interval_ms", s.models_interval_ms);
+    if s.stale_after_ms < s.interval_ms {
+        p.push(
+            "scrape.stale_after_ms",
+            format!(
+                "= {} is shorter than scrape.interval_ms = {}: every scrape would be stale",
+                s.stale_after_ms, s.interval_ms
+            ),
+        );
+    }
+    let h = &cfg.health;
+    p.ms("health.probe_interval_ms", h.probe_interval_ms);
+    p.ms("health.probe_timeout_ms", h.probe_timeout_ms);
+    p.nonzero("health.eject_after_failures", h.eject_after_failures.into());
+    p.ms("health.backoff_initial_ms", h.backoff_initial_ms);
+    p.ms("health.backoff_max_ms", h.backoff_max_ms);
+    if h.backoff_max_ms < h.backoff_initial_ms {
+        p.push(
+            "health.backoff_max_ms",
+            "must be >= health.backoff_initial_ms",
+        );
+    }
+    let x = &cfg.prefix;
+    if x.block_tokens == 0 || x.block_tokens > 65_536 {
+        p.push(
+            "prefix.block_tokens",
+            format!("= {} must be in 1..=65536", x.block_tokens),
+        );
+    }
+    p.nonzero("prefix.max_entries", x.max_entries as u64);
+    p.nonzero(
+        "prefix.max_blocks_per_request",
+        x.max_blocks_per_request as u64,
+    );
+    p.ms("predictor_publish_ms", cfg.predictor_publish_ms);
+}
+
+fn proxy(cfg: &RouterConfig, p: &mut Problems) {
+    let x = &cfg.proxy;
+    if x.max_body_bytes == 0 || x.max_body_bytes > MAX_BODY_BYTES {
+        p.push(
+            "proxy.max_body_bytes",
+            format!("= {} must be in 1..={MAX_BODY_BYTES}", x.max_body_bytes),
+        );
+    }
+    if x.retries > MAX_RETRIES {
+        p.push(
+            "proxy.retries",
+            format!("= {} must be in 0..={MAX_RETRIES}", x.retries),
+        );
+    }
+    p.ms("proxy.connect_timeout_ms", x.connect_timeout_ms);
+    p.ms("proxy.first_byte_timeout_ms", x.first_byte_timeout_ms);
+    p.ms("proxy.idle_timeout_ms", x.idle_timeout_ms);
+    if x.retry_backoff_ms > 60_000 {
+        p.push(
+            "proxy.retry_backoff_ms",
+            format!("= {} must be in 0..=60000", x.retry_backoff_ms),
+        );
+    }
+}
+
+fn policies(cfg: &RouterConfig, p: &mut Problems) {
+    let s = &cfg.slo;
+    p.range("slo.near_equal", s.near_equal, 0.0, 1.0);
+    p.range("slo.cost_tolerance", s.cost_tolerance, 0.0, 100.0);
+    p.range("slo.hysteresis", s.hysteresis, 0.0, 1.0);
+    p.at_least("slo.cache_weight", s.cache_weight, 0.0);
+    p.range("slo.explore", s.explore, 0.0, 1.0);
+    p.range("slo.min_warm_fraction", s.min_warm_fraction, 0.0, 1.0);
+    p.ms("slo.defer_poll_ms", s.defer_poll_ms);
+    p.range("slo.defer_budget", s.defer_budget, 0.0, 1.0);
+    p.at_least("slo.probe_idle_s", s.probe_idle_s, 0.0);
+    if s.probe_idle_s > MAX_MS as f64 / 1e3 {
+        p.push("slo.probe_idle_s", "must be at most one day");
+    }
+    let a = &cfg.prefix_affinity;
+    p.range(
+        "prefix_affinity.affinity_threshold",
+        a.affinity_threshold,
+        0.0,
+        1.0,
+    );
+    p.positive("prefix_affinity.peak_prefill_tps", a.peak_prefill_tps);
+    p.at_least(
+        "prefix_affinity.max_ttft_penalty_ms",
+        a.max_ttft_penalty_ms,
+        0.0,
+    );
+    p.at_least(
+        "prefix_affinity.max_request_excess",
+        a.max_request_excess,
+        0.0,
+    );
+}
+
+fn tenants(cfg: &RouterConfig, p: &mut Problems) {
+    let mut names = HashSet::new();
+    let mut keys = HashSet::new();
+    for (i, t) in cfg.tenants.iter().enumerate() {
+        let f = |k: &str| format!("tenants[{i}].{k}");
+        if t.name.trim().is_empty() {
+            p.push(&f("name"), "must not be empty");
+        } else if !names.insert(t.name.as_str()) {
+            p.push(&f("name"), format!("`{}` is listed twice", t.name));
+        }
+        for (k, v) in [
+            ("slo_ttft_ms", t.slo_ttft_ms),
+            ("slo_tpot_ms", t.slo_tpot_ms),
+            ("min_ttft_ms", t.min_ttft_ms),
+            ("min_tpot_ms", t.min_tpot_ms),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= MAX_SLO_MS) {
+                p.push(&f(k), format!("= {v} must be in (0, {MAX_SLO_MS}] ms"));
+            }
+        }
+        if t.min_ttft_ms > t.slo_ttft_ms {
+            p.push(&f("min_ttft_ms"), "must be <= slo_ttft_ms");
+        }
+        if t.min_tpot_ms > t.slo_tpot_ms {
+            p.push(&f("min_tpot_ms"), "must be <= slo_tpot_ms");
+        }
+        for k in &t.api_keys {
+            if k.trim().is_empty() || k.trim() != k || k.chars().any(char::is_control) {
+                p.push(
+                    &f("api_keys"),
+                    "holds an empty key or one with spaces or control characters",
+                );
+            } else if !keys.insert(k.as_str()) {
+                // Never echo a secret: name the tenant only.
+                p.push(
+                    &f("api_keys"),
+                    "holds a key already given to another tenant",
+                );
+            }
+        }
+    }
+}
+
+fn mesh(cfg: &RouterConfig, p: &mut Problems) {
+    let m = &cfg.mesh;
+    p.ms("mesh.gossip_interval_ms", m.gossip_interval_ms);
+    p.ms("mesh.inflight_interval_ms", m.inflight_interval_ms);
+    p.ms("mesh.heartbeat_ms", m.heartbeat_ms);
+    p.ms("mesh.peer_ttl_ms", m.peer_ttl_ms);
+    p.ms("mesh.prefix_interval_ms", m.prefix_interval_ms);
+    p.ms("mesh.predictor_interval_ms", m.predictor_interval_ms);
+    if m.peer_ttl_ms < m.heartbeat_ms {
+        p.push(
+            "mesh.peer_ttl_ms",
+            "must be >= mesh.heartbeat_ms (else every peer report expires before the next)",
+        );
+    }
+    p.nonzero("mesh.scrape_owners", m.scrape_owners as u64);
+    if m.region.trim().is_empty() {
+        p.push("mesh.region", "must not be empty");
+    }
+    if m.cluster_id.trim().is_empty() {
+        p.push("mesh.cluster_id", "must not be empty");
+    }
+    if m.listen.is_some() && m.tls_dir.is_none() {
+        p.push(
+            "mesh.tls_dir",
+            "must be set when mesh.listen is (see `headroom certs`)",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(edit: impl FnOnce(&mut RouterConfig)) -> String {
+        let mut c = RouterConfig::default();
+        edit(&mut c);
+        check(&c).err().unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_pass() {
+        assert_eq!(check(&RouterConfig::default()), Ok(()));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_field() {
+        let e = problems(|c| {
+            c.slo.defer_budget = -1.0;
+            c.slo.explore = 5.0;
+            c.proxy.first_byte_timeout_ms = 0;
+        });
+        assert!(e.contains("`slo.defer_budget` = -1"), "{e}");
+        assert!(e.contains("`slo.explore` = 5"), "{e}");
+        assert!(e.contains("`proxy.first_byte_timeout_ms` = 0"), "{e}");
+    }
+}
