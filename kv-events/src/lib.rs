@@ -25,4 +25,6 @@ pub mod wire;
 
 pub use feed::{FeedState, FeedStatus};
 pub use index::{BlockIndex, MAX_REPLICAS, PrefixMatch, ReplicaId, engine_cached_tokens};
-pub use subscriber::{SharedIndex, SubscriberConfig, SubscriberHandle, spawn_subscriber};
+pub use subscriber::{
+    SharedIndex, SubscriberConfig, SubscriberHandle, shared_index, spawn_subscriber,
+};

@@ -4,7 +4,9 @@
 //! Invariants:
 //! - One task per replica; it ends when its `CancellationToken` fires (every await
 //!   in it races the token), dropping its sockets (which stops their reconnect tasks).
-//! - The SUB socket reconnects by itself; every `Connected` (the first one included)
+//! - On `Disconnected` the SUB socket is dropped and a new one connects, retrying
+//!   every 100 ms doubling to 1 s (the socket's own reconnect backs off to 30 s,
+//!   too slow to see an engine restart); every `Connected` (the first one included)
 //!   makes the feed verify the publisher through the replay endpoint, so a restart
 //!   or events missed while away are noticed before the next live frame.
 //! - A replay is bounded: `replay_timeout` per reply, at most [`MAX_REPLAY_ENTRIES`]
@@ -13,6 +15,8 @@
 //!   and skipped; nothing here panics or unwraps on input.
 //! - The index is locked for writing for one batch at a time; readers never wait
 //!   on a socket.
+//! - A subscriber owns its replica's bits in the index: it clears them when it
+//!   starts (a previous subscriber's view may be stale), then only its feed writes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +38,11 @@ use crate::wire::{END_SEQ, split_frames};
 
 /// The index every subscriber of a model writes into.
 pub type SharedIndex = Arc<RwLock<BlockIndex>>;
+
+/// A new empty index of at most `cap` blocks, for subscribers to share.
+pub fn shared_index(cap: usize) -> SharedIndex {
+    Arc::new(RwLock::new(BlockIndex::new(cap)))
+}
 
 /// Entries one replay may return (vLLM buffers 10,000 batches by default).
 pub const MAX_REPLAY_ENTRIES: usize = 1_000_000;
@@ -136,6 +145,7 @@ pub fn spawn_subscriber(
     index: SharedIndex,
     cancel: CancellationToken,
 ) -> SubscriberHandle {
+    index.write().remove_replica(config.replica);
     let blocks = ReplicaBlocks::new(config.replica, config.block_size, config.max_blocks);
     let feed = Feed::new(blocks, config.replay_endpoint.is_some());
     let shared = Arc::new(Shared {
@@ -202,7 +212,7 @@ impl Task {
                     _ = self.cancel.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
             backoff = Duration::from_millis(100);
@@ -240,6 +250,8 @@ impl Task {
                     Some(SocketEvent::Disconnected(_)) => {
                         self.counters.disconnects += 1;
                         self.feed.mark_stale();
+                        self.publish();
+                        return;
                     }
                     Some(_) => {}
                     None => monitor_open = false,

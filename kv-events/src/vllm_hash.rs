@@ -164,6 +164,14 @@ pub fn serialise_block(
     }
 }
 
+/// The integer form vLLM publishes by default (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`
+/// = 1): the hash's low 64 bits, i.e. its last 8 bytes big-endian.
+pub fn external_int(h: &VllmBlockHash) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[24..]);
+    u64::from_be_bytes(b)
+}
+
 /// vLLM's `hash_block_tokens` for a block without extra keys.
 pub fn hash_block(
     algo: VllmHashAlgo,
@@ -225,6 +233,8 @@ mod tests {
         assert_eq!(hex(&h[0]), H1);
         let h2 = hash_block(a, &h[0], &toks2()).expect("ok");
         assert_eq!(hex(&h2), H2);
+        // int.from_bytes(h2, "big") & (2**64 - 1)
+        assert_eq!(external_int(&h2), 0xb3f5_ef5c_90aa_d0ce);
     }
 
     #[test]
