@@ -101,7 +101,24 @@ fn bench_at(c: &mut Criterion, blocks: usize, label: &str) {
     long.extend((0..131_072 - long.len() as u32).map(|t| t ^ 0x5555_5555));
     let chain = prompt_chain(&long, BS as usize, 0);
     g.throughput(Throughput::Elements(1));
-    g.bench_function("lookup_128k_token_prompt", |b| {
+    g.bench_function("lookup_128k_token_prompt_8_blocks_cached", |b| {
+        b.iter(|| f.index.longest_prefix(&chain))
+    });
+    // Worst case: the whole 8,192-block chain cached on replica 0 and the first
+    // 8 blocks also on replica (next-1) % REPLICAS: every block is looked up.
+    let all = KvEvent::Stored(BlockStored {
+        block_hashes: (0..chain.len() as u64)
+            .map(|j| ExternalHash::Int((1 << 60) + j))
+            .collect(),
+        parent_block_hash: None,
+        token_ids: long[..chain.len() * BS as usize].to_vec(),
+        block_size: BS,
+        medium: Some("GPU".into()),
+        ..Default::default()
+    });
+    let _ = f.replicas[0].apply(&mut f.index, &all);
+    assert_eq!(f.index.longest_prefix(&chain).blocks_for(ReplicaId::new(0).expect("id")), 8192);
+    g.bench_function("lookup_128k_token_prompt_fully_cached", |b| {
         b.iter(|| f.index.longest_prefix(&chain))
     });
     let hashing = chain.clone();

@@ -261,6 +261,9 @@ impl BlockIndex {
                 continue;
             }
             self.delete_slot(self.hand as u32);
+            // The newest entry moved into this slot: step past it, so it gets a
+            // full sweep before it can go (as if appended behind the hand).
+            self.hand += 1;
             self.stats.evictions += 1;
             return;
         }
@@ -394,6 +397,20 @@ mod tests {
         }
         assert_eq!(ix.len(), 64);
         assert_eq!(ix.stats().evictions, 2016 - 64, "{:?}", ix.stats());
+        ix.check().expect("ok");
+    }
+
+    #[test]
+    fn a_new_chain_survives_its_own_insertion_into_a_full_index() {
+        let mut ix = BlockIndex::new(1000);
+        for k in 0..1000u64 {
+            ix.insert(k, r(0));
+        }
+        let chain: Vec<u64> = (5000..5500).collect();
+        for &k in &chain {
+            ix.insert(k, r(1));
+        }
+        assert_eq!(ix.longest_prefix(&chain).blocks_for(r(1)), 500);
         ix.check().expect("ok");
     }
 
