@@ -117,7 +117,12 @@ fn bench_at(c: &mut Criterion, blocks: usize, label: &str) {
         ..Default::default()
     });
     let _ = f.replicas[0].apply(&mut f.index, &all);
-    assert_eq!(f.index.longest_prefix(&chain).blocks_for(ReplicaId::new(0).expect("id")), 8192);
+    assert_eq!(
+        f.index
+            .longest_prefix(&chain)
+            .blocks_for(ReplicaId::new(0).expect("id")),
+        8192
+    );
     g.bench_function("lookup_128k_token_prompt_fully_cached", |b| {
         b.iter(|| f.index.longest_prefix(&chain))
     });
