@@ -305,6 +305,41 @@ mod tests {
     }
 
     #[test]
+    fn kv_log_replays_to_the_cached_map() {
+        let mut p = BlockPool::new(6); // 5 usable blocks
+        p.enable_kv_log();
+        let mut held = Vec::new();
+        for h in 0..40u64 {
+            // Keep at most 3 blocks referenced; the rest cycle through the LRU.
+            if held.len() == 3 {
+                p.release(held.remove(0));
+            }
+            let b = p.allocate().expect("a free block");
+            if p.register(b, 1000 + h % 13) {
+                p.log(KvLog::Stored {
+                    request: h,
+                    block: 0,
+                    hash: 1000 + h % 13,
+                    parent: None,
+                });
+            }
+            held.push(b);
+        }
+        let mut log = Vec::new();
+        p.drain_kv_log(&mut log);
+        let mut replayed = std::collections::HashSet::new();
+        for ev in log {
+            match ev {
+                KvLog::Stored { hash, .. } => assert!(replayed.insert(hash), "stored twice"),
+                KvLog::Removed { hash } => assert!(replayed.remove(&hash), "removed unknown"),
+            }
+        }
+        let cached: std::collections::HashSet<u64> = p.cached.keys().copied().collect();
+        assert_eq!(replayed, cached);
+        p.check().expect("invariants");
+    }
+
+    #[test]
     fn duplicate_hash_stays_unregistered() {
         let mut p = BlockPool::new(4);
         let (x, y) = (p.allocate().expect("a"), p.allocate().expect("b"));
