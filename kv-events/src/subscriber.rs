@@ -8,7 +8,9 @@
 //!   every 100 ms doubling to 1 s (the socket's own reconnect backs off to 30 s,
 //!   too slow to see an engine restart); every `Connected` (the first one included)
 //!   makes the feed verify the publisher through the replay endpoint, so a restart
-//!   or events missed while away are noticed before the next live frame.
+//!   or events missed while away are noticed before the next live frame; it waits
+//!   [`JOIN_SETTLE`] first, so batches published before the publisher had the
+//!   subscription (ZMQ's slow joiner) are covered by that replay.
 //! - A replay is bounded: `replay_timeout` per reply, at most [`MAX_REPLAY_ENTRIES`]
 //!   entries; otherwise it counts as failed (the feed resyncs).
 //! - Malformed frames (wrong frame count, sequence frame not 8 bytes) are counted
@@ -43,6 +45,9 @@ pub type SharedIndex = Arc<RwLock<BlockIndex>>;
 pub fn shared_index(cap: usize) -> SharedIndex {
     Arc::new(RwLock::new(BlockIndex::new(cap)))
 }
+
+/// Wait after a connect before verifying through the replay endpoint.
+pub const JOIN_SETTLE: Duration = Duration::from_millis(200);
 
 /// Entries one replay may return (vLLM buffers 10,000 batches by default).
 pub const MAX_REPLAY_ENTRIES: usize = 1_000_000;
@@ -205,7 +210,15 @@ impl Task {
                     sub.connect(&self.config.endpoint),
                 ) => matches!(r, Ok(Ok(()))),
             };
-            if !connected || sub.subscribe(&self.config.topic).await.is_err() {
+            let subscribed = connected
+                && tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    r = tokio::time::timeout(
+                        self.config.connect_timeout,
+                        sub.subscribe(&self.config.topic),
+                    ) => matches!(r, Ok(Ok(()))),
+                };
+            if !subscribed {
                 self.feed.mark_stale();
                 self.publish();
                 tokio::select! {
@@ -244,6 +257,13 @@ impl Task {
                 ev = monitor.next(), if monitor_open => match ev {
                     Some(SocketEvent::Connected(..)) => {
                         self.counters.connects += 1;
+                        // ZMQ's slow joiner: batches published before the publisher
+                        // has our subscription are lost. Replay only once it has it,
+                        // so the replay covers them.
+                        tokio::select! {
+                            _ = self.cancel.cancelled() => return,
+                            _ = tokio::time::sleep(JOIN_SETTLE) => {}
+                        }
                         let a = self.feed.connected(&mut self.index.write());
                         self.execute(a).await;
                     }
