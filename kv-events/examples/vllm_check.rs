@@ -173,14 +173,21 @@ impl Check {
             bs as usize,
         )
         .map_err(|e| e.to_string())?;
-        let seen = self.seen_hashes.lock();
         // vLLM publishes the int form by default, the bytes with
-        // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0; either counts.
-        let missing = hashes
-            .iter()
-            .filter(|h| !seen.contains(&external_int(h)) && !seen.contains(&bytes_key(&h[..])))
-            .count();
-        drop(seen);
+        // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0; either counts. The raw tap is a
+        // separate socket and may lag the subscriber: give it up to 2 s.
+        let missing_now = || {
+            let seen = self.seen_hashes.lock();
+            hashes
+                .iter()
+                .filter(|h| !seen.contains(&external_int(h)) && !seen.contains(&bytes_key(&h[..])))
+                .count()
+        };
+        let t = Instant::now();
+        while missing_now() > 0 && t.elapsed() < Duration::from_secs(2) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let missing = missing_now();
         self.hash_checked += hashes.len() as u32;
         self.hash_missing += missing as u32;
         println!(
