@@ -74,6 +74,19 @@ struct Args {
     /// Fault: probability that a request fails mid-generation.
     #[arg(long, default_value_t = 0.0)]
     midstream_error_rate: f64,
+    /// Publish vLLM KV events (BlockStored/BlockRemoved, ZMQ PUB) bound here, e.g.
+    /// `tcp://127.0.0.1:5557`; `/kv_event_sources` then describes the publisher.
+    #[arg(long)]
+    kv_events_endpoint: Option<String>,
+    /// The KV events' replay endpoint (ZMQ ROUTER), bound here.
+    #[arg(long, requires = "kv_events_endpoint")]
+    kv_events_replay_endpoint: Option<String>,
+    /// Topic of the KV events.
+    #[arg(long, default_value = "")]
+    kv_events_topic: String,
+    /// Batches the replay endpoint keeps (vLLM's buffer_steps).
+    #[arg(long, default_value_t = 10_000)]
+    kv_events_buffer_steps: usize,
 }
 
 fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
@@ -115,6 +128,14 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
             slowdown: args.slowdown,
             midstream_error_rate: args.midstream_error_rate,
         },
+        kv_events: args.kv_events_endpoint.as_ref().map(|e| {
+            headroom_bench::replica::kv_events::KvEventsOptions {
+                endpoint: e.clone(),
+                replay_endpoint: args.kv_events_replay_endpoint.clone(),
+                topic: args.kv_events_topic.clone(),
+                buffer_steps: args.kv_events_buffer_steps,
+            }
+        }),
     };
     cfg.validate()?;
     Ok(cfg)

@@ -9,6 +9,10 @@
 //! - `cached[h] == b` implies `blocks[b].hash == Some(h)`; at most one block per hash
 //!   (a duplicate full block simply stays unhashed, unlike vLLM's multi-map — it only
 //!   loses a redundant copy).
+//! - With the KV log on ([`BlockPool::enable_kv_log`]), every hash leaving `cached`
+//!   is logged as [`KvLog::Removed`] at that moment, and the scheduler logs
+//!   [`KvLog::Stored`] right after each successful `register`: the log replays the
+//!   map's history in order, as vLLM's `BlockStored`/`BlockRemoved` do.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -37,6 +41,21 @@ impl Hasher for MixHasher {
 
 pub(crate) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
 
+/// One change of the prefix-cache map, for KV-event publishing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLog {
+    /// Block `block` (0-based, in the request's sequence) of request `request`
+    /// became hit-able under `hash`, a child of `parent` (`None`: first block).
+    Stored {
+        request: u64,
+        block: u32,
+        hash: u64,
+        parent: Option<u64>,
+    },
+    /// `hash` is no longer hit-able (its block was reused).
+    Removed { hash: u64 },
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Block {
     ref_cnt: u32,
@@ -53,6 +72,7 @@ pub(crate) struct BlockPool {
     tail: u32,
     num_free: u32,
     cached: MixMap<u64, u32>,
+    kv_log: Option<Vec<KvLog>>,
 }
 
 impl BlockPool {
@@ -79,6 +99,26 @@ impl BlockPool {
             tail: n - 1,
             num_free: n - 1,
             cached: MixMap::with_capacity_and_hasher(n as usize, Default::default()),
+            kv_log: None,
+        }
+    }
+
+    /// Starts logging map changes (see the module docs).
+    pub(crate) fn enable_kv_log(&mut self) {
+        self.kv_log.get_or_insert_with(Vec::new);
+    }
+
+    /// Appends to the KV log when it is on.
+    pub(crate) fn log(&mut self, ev: KvLog) {
+        if let Some(l) = self.kv_log.as_mut() {
+            l.push(ev);
+        }
+    }
+
+    /// Moves the logged changes into `out` (oldest first).
+    pub(crate) fn drain_kv_log(&mut self, out: &mut Vec<KvLog>) {
+        if let Some(l) = self.kv_log.as_mut() {
+            out.append(l);
         }
     }
 
@@ -150,6 +190,7 @@ impl BlockPool {
         self.unlink(b);
         if let Some(h) = self.blocks[b as usize].hash.take() {
             self.cached.remove(&h);
+            self.log(KvLog::Removed { hash: h });
         }
         self.blocks[b as usize].ref_cnt = 1;
         Some(b)
@@ -165,15 +206,18 @@ impl BlockPool {
         }
     }
 
-    /// Publishes a just-filled block under `hash` unless another block holds it.
-    pub(crate) fn register(&mut self, b: u32, hash: u64) {
+    /// Publishes a just-filled block under `hash` unless another block holds it;
+    /// true when it did.
+    pub(crate) fn register(&mut self, b: u32, hash: u64) -> bool {
         if self.blocks[b as usize].hash.is_some() {
-            return;
+            return false;
         }
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
             e.insert(b);
             self.blocks[b as usize].hash = Some(hash);
+            return true;
         }
+        false
     }
 
     /// Verifies every invariant in the module docs; O(blocks).
@@ -257,6 +301,41 @@ mod tests {
         assert_eq!(p.allocate(), Some(a[2]));
         assert_eq!(p.lookup(102), None, "evicted hash is gone");
         assert_eq!(p.lookup(103), Some(a[3]), "free but cached hash still hits");
+        p.check().expect("invariants");
+    }
+
+    #[test]
+    fn kv_log_replays_to_the_cached_map() {
+        let mut p = BlockPool::new(6); // 5 usable blocks
+        p.enable_kv_log();
+        let mut held = Vec::new();
+        for h in 0..40u64 {
+            // Keep at most 3 blocks referenced; the rest cycle through the LRU.
+            if held.len() == 3 {
+                p.release(held.remove(0));
+            }
+            let b = p.allocate().expect("a free block");
+            if p.register(b, 1000 + h % 13) {
+                p.log(KvLog::Stored {
+                    request: h,
+                    block: 0,
+                    hash: 1000 + h % 13,
+                    parent: None,
+                });
+            }
+            held.push(b);
+        }
+        let mut log = Vec::new();
+        p.drain_kv_log(&mut log);
+        let mut replayed = std::collections::HashSet::new();
+        for ev in log {
+            match ev {
+                KvLog::Stored { hash, .. } => assert!(replayed.insert(hash), "stored twice"),
+                KvLog::Removed { hash } => assert!(replayed.remove(&hash), "removed unknown"),
+            }
+        }
+        let cached: std::collections::HashSet<u64> = p.cached.keys().copied().collect();
+        assert_eq!(replayed, cached);
         p.check().expect("invariants");
     }
 

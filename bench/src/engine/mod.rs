@@ -28,6 +28,7 @@ mod request_state;
 mod scheduler;
 mod types;
 
+pub use block_pool::KvLog;
 pub use error::EngineError;
 pub use frontend::{Chunk, Finish, Frontend, FrontendCost};
 pub use hashing::{

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::LogNormal;
 
-use super::block_pool::{BlockPool, MixMap};
+use super::block_pool::{BlockPool, KvLog, MixMap};
 use super::error::EngineError;
 use super::hashing::mix64;
 use super::profile::{Admission, Profile};
@@ -93,6 +93,17 @@ impl Engine {
                 ..EngineStats::default()
             },
         })
+    }
+
+    /// Starts logging prefix-cache changes for KV-event publishing (off by default:
+    /// the simulator does not pay for it).
+    pub fn enable_kv_log(&mut self) {
+        self.pool.enable_kv_log();
+    }
+
+    /// Moves the prefix-cache changes since the last call into `out`, in order.
+    pub fn drain_kv_log(&mut self, out: &mut Vec<KvLog>) {
+        self.pool.drain_kv_log(out);
     }
 
     /// The profile this engine runs.
@@ -538,7 +549,15 @@ impl Engine {
         let full = (r.num_computed / bs) as usize;
         for j in r.hashed as usize..full {
             let h = r.hash_of_block(j);
-            self.pool.register(r.table[j], h);
+            if self.pool.register(r.table[j], h) {
+                let parent = (j > 0).then(|| r.hash_of_block(j - 1));
+                self.pool.log(KvLog::Stored {
+                    request: r.id,
+                    block: j as u32,
+                    hash: h,
+                    parent,
+                });
+            }
         }
         r.hashed = full as u32;
         if r.num_computed < r.total() {

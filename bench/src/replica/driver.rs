@@ -16,6 +16,9 @@
 //!   queueing and stalls.
 //! - A closed token channel (client gone) or an explicit abort removes the request
 //!   from the engine; shutdown drops every sender, ending all streams.
+//! - With KV events on, each step's prefix-cache changes are published right after
+//!   the step is computed ([`super::kv_events`]); a request's prompt is kept for
+//!   that until it finishes or is aborted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::faults::Faults;
+use super::kv_events::{KvPrompt, KvPublish};
 use super::metrics::ReplicaMetrics;
 pub use crate::engine::Finish;
 use crate::engine::{Chunk, Engine, EngineRequest, EngineStats, Event, Frontend};
@@ -45,6 +49,8 @@ pub enum Command {
     Submit {
         req: EngineRequest,
         tx: mpsc::Sender<Delivery>,
+        /// The prompt's token ids, when KV events are published.
+        kv: Option<KvPrompt>,
     },
     Abort(u64),
 }
@@ -59,6 +65,8 @@ pub struct Driver {
     pub metrics: Arc<ReplicaMetrics>,
     pub time_scale: f64,
     pub cancel: CancellationToken,
+    /// KV-event publishing, when enabled.
+    pub kv: Option<KvPublish>,
 }
 
 struct State {
@@ -71,6 +79,7 @@ struct State {
     last: EngineStats,
     time_scale: f64,
     start: Instant,
+    kv: Option<KvPublish>,
 }
 
 impl State {
@@ -80,11 +89,14 @@ impl State {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { req, tx } => {
+            Command::Submit { req, tx, kv } => {
                 let id = req.id;
                 match self.engine.submit(req) {
                     Ok(()) => {
                         self.senders.insert(id, tx);
+                        if let (Some(p), Some(k)) = (self.kv.as_mut(), kv) {
+                            p.track(id, k);
+                        }
                     }
                     Err(e) => {
                         let _ = tx.try_send(Delivery::Rejected(e.to_string()));
@@ -95,8 +107,25 @@ impl State {
                 if self.senders.remove(&id).is_some() {
                     self.engine.abort(id);
                     self.frontend.forget(id);
+                    self.forget_prompt(id);
                 }
             }
+        }
+    }
+
+    fn forget_prompt(&mut self, id: u64) {
+        if let Some(k) = self.kv.as_mut() {
+            k.forget(id);
+        }
+    }
+
+    /// Publishes the step's prefix-cache changes (KV events), if enabled.
+    fn flush_kv(&mut self) {
+        if let Some(k) = self.kv.as_mut() {
+            let ts = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            k.flush(&mut self.engine, ts);
         }
     }
 
@@ -114,7 +143,12 @@ impl State {
             match *ev {
                 Event::FirstToken { ttft_s, .. } => self.metrics.observe_ttft(ttft_s * ts),
                 Event::Token { itl_s, .. } => self.metrics.observe_itl(itl_s * ts),
-                Event::Finished { e2e_s, .. } => self.metrics.observe_e2e(e2e_s * ts),
+                Event::Finished { id, e2e_s, .. } => {
+                    self.metrics.observe_e2e(e2e_s * ts);
+                    if let Some(k) = self.kv.as_mut() {
+                        k.forget(id);
+                    }
+                }
                 Event::Preempted { .. } => {}
             }
         }
@@ -168,6 +202,7 @@ impl State {
             self.senders.remove(&id);
             self.engine.abort(id);
             self.frontend.forget(id);
+            self.forget_prompt(id);
         }
     }
 }
@@ -183,6 +218,7 @@ impl Driver {
             metrics,
             time_scale,
             cancel,
+            kv,
         } = self;
         let mut st = State {
             engine,
@@ -193,6 +229,7 @@ impl Driver {
             last: EngineStats::default(),
             time_scale,
             start: Instant::now(),
+            kv,
         };
         let mut deadline = Instant::now();
         let mut events: Vec<Event> = Vec::new();
@@ -237,6 +274,7 @@ impl Driver {
                 continue;
             }
             let step = st.engine.step();
+            st.flush_kv();
             events.clear();
             events.extend_from_slice(st.engine.events());
             deadline += Duration::from_secs_f64(step.duration_s * time_scale);

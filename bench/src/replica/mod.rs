@@ -5,7 +5,9 @@
 //! validate requests ([`request`]), tokenize ([`tokenize`]), submit over a bounded
 //! channel and turn token deliveries into SSE or JSON ([`stream`], [`response`]).
 //! `/metrics` serves vLLM's metric names ([`metrics`]); `/admin/faults` sets the
-//! fault knobs ([`faults`]).
+//! fault knobs ([`faults`]). With `kv_events` set, the engine's prefix-cache
+//! changes are published as vLLM KV events ([`kv_events`]) and `/kv_event_sources`
+//! describes the publisher as vLLM's does.
 //!
 //! Time scale: every modelled duration is multiplied by `time_scale` before the
 //! driver sleeps (1.0 = the profile's GPU speed, 0.1 = ten times faster). Latency
@@ -15,6 +17,7 @@ pub mod api_error;
 pub mod driver;
 pub mod faults;
 pub mod generation;
+pub mod kv_events;
 pub mod metrics;
 pub mod request;
 pub mod response;
@@ -59,6 +62,8 @@ pub struct ReplicaConfig {
     pub step_noise: f64,
     /// Fault knobs at start.
     pub faults: Faults,
+    /// Publish KV events (vLLM's `--kv-events-config`), if set.
+    pub kv_events: Option<kv_events::KvEventsOptions>,
 }
 
 /// Why the emulator could not start or keep serving.
@@ -108,6 +113,35 @@ pub async fn serve(
     config.validate()?;
     let mut engine = Engine::new(&config.profile, config.seed)?;
     engine.set_step_noise(config.step_noise)?;
+    let kv = match &config.kv_events {
+        Some(o) => {
+            let mut pc = headroom_kv_events::publisher::PublisherConfig::new(o.endpoint.clone());
+            pc.replay_endpoint = o.replay_endpoint.clone();
+            pc.topic = o.topic.clone();
+            pc.buffer_steps = o.buffer_steps;
+            let p = headroom_kv_events::publisher::Publisher::start(pc, cancel.clone())
+                .await
+                .map_err(|e| ReplicaError::Config(format!("kv events: {e}")))?;
+            tracing::info!(
+                "kv events on {} (replay {:?})",
+                p.endpoint(),
+                p.replay_endpoint()
+            );
+            engine.enable_kv_log();
+            Some(kv_events::KvPublish::new(p, config.profile.block_size))
+        }
+        None => None,
+    };
+    let kv_event_sources = kv.as_ref().map(|k| {
+        serde_json::json!({"0": {
+            "enable_kv_cache_events": true,
+            "publisher": "zmq",
+            "endpoint": k.publisher().endpoint(),
+            "replay_endpoint": k.publisher().replay_endpoint(),
+            "buffer_steps": config.kv_events.as_ref().map_or(0, |o| o.buffer_steps),
+            "topic": config.kv_events.as_ref().map_or("", |o| o.topic.as_str()),
+        }})
+    });
     let frontend = Frontend::new(config.profile.stream_interval, config.profile.frontend)?;
     let metrics = Arc::new(ReplicaMetrics::new(&config.model, &config.profile)?);
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
@@ -121,6 +155,7 @@ pub async fn serve(
             metrics: metrics.clone(),
             time_scale: config.time_scale,
             cancel: cancel.clone(),
+            kv,
         }
         .run(),
     );
@@ -142,6 +177,7 @@ pub async fn serve(
         fault_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed ^ 0xfa17)),
         next_id: AtomicU64::new(0),
         cancel: cancel.clone(),
+        kv_event_sources,
     });
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {

@@ -20,6 +20,7 @@ use super::api_error::ApiError;
 use super::driver::Command;
 use super::faults::{Faults, FaultsPatch};
 use super::generation::eos_after;
+use super::kv_events::KvPrompt;
 use super::metrics::ReplicaMetrics;
 use super::request::{self, Endpoint};
 use super::response::Meta;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub fault_rng: Mutex<ChaCha8Rng>,
     pub next_id: AtomicU64,
     pub cancel: CancellationToken,
+    /// `GET /kv_event_sources` (vLLM's shape) when KV events are published.
+    pub kv_event_sources: Option<serde_json::Value>,
 }
 
 /// The emulator's router.
@@ -55,6 +58,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/kv_event_sources", get(kv_event_sources))
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(post_faults))
         .with_state(state)
@@ -132,9 +136,12 @@ async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Re
     // async workers.
     let prompt = req.prompt.clone();
     let (bs, salt) = (s.block_size as usize, salt_for_adapter(adapter.as_deref()));
-    let (n_prompt, hashes) = tokio::task::spawn_blocking(move || {
-        prompt_token_ids(&prompt)
-            .map(|ids| (ids.len(), block_hashes_for_tokens_salted(&ids, bs, salt)))
+    let keep_ids = s.kv_event_sources.is_some();
+    let (n_prompt, hashes, ids) = tokio::task::spawn_blocking(move || {
+        prompt_token_ids(&prompt).map(|ids| {
+            let h = block_hashes_for_tokens_salted(&ids, bs, salt);
+            (ids.len(), h, keep_ids.then_some(ids))
+        })
     })
     .await
     .map_err(|e| {
@@ -180,6 +187,10 @@ async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Re
         .send(Command::Submit {
             req: engine_req,
             tx,
+            kv: ids.map(|ids| KvPrompt {
+                tokens: ids.into(),
+                adapter: adapter.clone(),
+            }),
         })
         .await
         .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine is shut down"))?;
@@ -241,6 +252,11 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
 }
 
 /// 200 with an empty body; hangs while the engine is stalled (see `faults`).
+/// vLLM's `GET /kv_event_sources`: the publisher config per DP rank, `{}` if off.
+async fn kv_event_sources(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(s.kv_event_sources.clone().unwrap_or_else(|| json!({})))
+}
+
 async fn health(State(s): State<Arc<AppState>>) -> StatusCode {
     let mut rx = s.faults.subscribe();
     loop {
