@@ -13,8 +13,9 @@ import tomllib
 from .report import CheckError, collect
 
 SOURCES = [
-    "router/src/config.rs", "router/src/mesh/mod.rs", "router/src/policy/slo.rs",
-    "router/src/policy/baselines.rs", "predictor/src/config.rs",
+    "router/src/config.rs", "router/src/mesh/mod.rs", "router/src/edge/mod.rs",
+    "core/src/policy/slo.rs", "core/src/policy/baselines.rs",
+    "core/src/policy/peers/llmd_predicted.rs", "predictor/src/config.rs",
 ]
 ROOT = "RouterConfig"
 _STRUCT = re.compile(r"pub struct (\w+)\s*\{(.*?)\n\}", re.S)
@@ -45,7 +46,9 @@ def schema(repo):
 
 def _inner(ty):
     """The struct a field's type refers to, and whether it is an array of tables."""
-    m = re.fullmatch(r"(?:Option<)?(Vec<)?(\w+)>?>?", ty.replace(" ", ""))
+    # Paths (`crate::edge::EdgeConfig`) name the struct by their last segment.
+    ty = re.sub(r"\w+::", "", ty.replace(" ", ""))
+    m = re.fullmatch(r"(?:Option<)?(Vec<)?(\w+)>?>?", ty)
     if not m:
         return None, False
     return m.group(2), bool(m.group(1))
