@@ -185,7 +185,7 @@ pub async fn run(env: &Env) {
     let r = RouterProc::start(env, "round-robin", "").await;
     for chat in [false, true] {
         let name = whole_pair(env, &r, chat).await;
-        // Recorded (whatever status: see `t0_known_issue_whole_response_recorded_as_cancelled`).
+        // Recorded (its status is checked by `t1c_whole_response_is_recorded_ok`).
         let m = metrics_when(&r, |m| {
             metric(m, "headroom_requests_total", &[("replica", &name)]).is_some()
         })
@@ -208,8 +208,8 @@ pub async fn run(env: &Env) {
     }
 }
 
-/// Known issue: a whole response with `content-length` is recorded as `cancelled`
-/// (the body is dropped once its length is written, before it is polled to its end).
+/// A whole response with `content-length` is recorded `ok` (hyper drops the body once
+/// its length is written, before polling it to its end: the last byte ends it).
 pub async fn whole_recorded_ok(env: &Env) {
     let r = RouterProc::start(env, "round-robin", "").await;
     let name = whole_pair(env, &r, false).await;
