@@ -8,11 +8,11 @@ mod common;
 use std::{
     io::Write,
     net::SocketAddr,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use common::{client, mock, router};
+use common::{Proc, client, mock, router};
 use headroom::{config::TenantConfig, policy::PolicyName};
 use serde_json::{Value, json};
 
@@ -139,14 +139,6 @@ async fn reload_keeps_streams_and_swaps_keys() {
         "the stream was cut: {text}"
     );
     assert!(!text.contains("\"error\""), "{text}");
-}
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn free_port() -> SocketAddr {

@@ -5,34 +5,13 @@
 mod common;
 
 use std::{
-    net::{SocketAddr, UdpSocket},
-    process::{Child, Command, Stdio},
+    net::SocketAddr,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use common::{client, mock};
+use common::{Proc, client, free_tcp, free_udp, mock};
 use serde_json::{Value, json};
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 fn start_node(
     id: &str,

@@ -7,27 +7,12 @@ mod common;
 
 use std::{
     net::SocketAddr,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use common::{client, mock};
+use common::{Proc, client, free_tcp, mock};
 use serde_json::json;
-
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 fn serve(policy: &str, http: SocketAddr, replicas: &[String]) -> Proc {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_headroom"));

@@ -322,3 +322,29 @@ pub fn client() -> reqwest::Client {
         .build()
         .unwrap()
 }
+
+/// A child process killed and reaped on drop (a test never leaves one behind).
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free loopback TCP port.
+pub fn free_tcp() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A free loopback UDP port.
+pub fn free_udp() -> SocketAddr {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
