@@ -127,6 +127,17 @@ pub fn evaluate(
     }
 }
 
+/// Most of a prompt's prefill (share of its tokens) a try of a cold replica may repeat
+/// that the best-cached replica would not.
+pub const COLD_TRY_MAX_WASTE: f64 = 0.25;
+
+/// Whether a candidate whose TTFT model is not warm is ranked as feasible anyway, so
+/// that it gets the placements its model learns from: it is idle, and the try repeats
+/// little prefill (`wasted`: share of the prompt cached on the best replica, not here).
+pub fn cold_try_ok(ttft_state: ModelState, requests: f64, wasted: f64) -> bool {
+    ttft_state != ModelState::Warm && requests == 0.0 && wasted <= COLD_TRY_MAX_WASTE
+}
+
 /// Prefills shorter than this cost running requests less than a step's noise: the
 /// interference guard skips them (and their second prediction).
 const INTERFERENCE_MIN_TOKENS: u32 = 256;
@@ -324,7 +335,10 @@ impl Policy for SloPolicy {
                     / req.prompt_tokens.max(1) as f64;
                 e.cost += self.cfg.cache_weight * wasted;
                 // A cold replica with nothing on it is safe to try: that is how it warms.
-                if p.ttft_state != ModelState::Warm && load.requests == 0.0 {
+                // Not with a request whose prefix another replica holds: the try would
+                // repeat that prefill on unknown hardware (a 2,000-token repeat sent to
+                // the slow real-vLLM server at 4× the cached TTFT).
+                if cold_try_ok(p.ttft_state, load.requests, wasted) {
                     e.tier = 0;
                     e.p_violate = e.p_violate.min(0.1);
                 }
@@ -400,6 +414,27 @@ mod tests {
             tpot_log_sigma: 0.1f64.ln_1p() / 1.2816,
             ..Prediction::default()
         }
+    }
+
+    #[test]
+    fn a_cold_replica_is_tried_only_where_no_prefix_is_thrown_away() {
+        assert!(
+            cold_try_ok(ModelState::Cold, 0.0, 0.0),
+            "nothing cached anywhere"
+        );
+        assert!(
+            cold_try_ok(ModelState::Stale, 0.0, 0.2),
+            "a little repeated"
+        );
+        assert!(
+            !cold_try_ok(ModelState::Cold, 0.0, 0.97),
+            "a long prefix held elsewhere"
+        );
+        assert!(!cold_try_ok(ModelState::Cold, 1.0, 0.0), "busy");
+        assert!(
+            !cold_try_ok(ModelState::Warm, 0.0, 0.0),
+            "warm: ranked as predicted"
+        );
     }
 
     /// The design's worked example: objectives 800/50; A 500/65, B 650/35, C 900/25 → B.

@@ -45,6 +45,7 @@ pub async fn repeats(env: &Env, r: &RouterProc, tag: &str, headers: &[(&str, &st
     let h0 = hits(env).await;
     let (mut back_home, mut cold_decisions) = (0, 0);
     let mut ttft = Vec::new();
+    let mut why = Vec::new();
     for _ in 0..REPEATS {
         let s = stream(&r.url("/v1/completions"), &b, headers).await;
         assert!(s.ok(), "{s:?}");
@@ -53,7 +54,16 @@ pub async fn repeats(env: &Env, r: &RouterProc, tag: &str, headers: &[(&str, &st
             s.headers.get("x-headroom-fallback").map(String::as_str) == Some("cold-model"),
         );
         ttft.push(s.first_content_s.unwrap_or(0.0) * 1e3);
+        let h = |k: &str| s.headers.get(k).map_or("-", String::as_str).to_string();
+        why.push(format!(
+            "{} (fallback {}, TTFT forecast {} bound {} ms)",
+            s.replica.as_deref().unwrap_or("?"),
+            h("x-headroom-fallback"),
+            h("x-headroom-predicted-ttft-ms"),
+            h("x-headroom-predicted-ttft-upper-ms"),
+        ));
     }
+    println!("  repeats went to: {}", why.join("; "));
     let h1 = hits(env).await;
     let hit_growth: Vec<f64> = h1.iter().zip(&h0).map(|(a, b)| a - b).collect();
     println!(
