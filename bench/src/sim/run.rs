@@ -643,6 +643,16 @@ impl<'w> Simulator<'w> {
             if c.first {
                 l.first_s = Some(t);
                 l.booking.first_token(t);
+                // As the proxy does: the TTFT label is learned at the first token, not
+                // when the stream ends (a long output would delay it by seconds).
+                let ttft_ms = (t - l.dispatched_s) * 1e3;
+                let node = &mut self.nodes[l.node as usize];
+                if let Some(s) =
+                    lifecycle::first_token_sample(&l.learn, t, ttft_ms, Reported::default())
+                {
+                    node.learner.observe(&s);
+                    node.dirty = true;
+                }
             }
             l.last_s = t;
             l.tokens += c.tokens;
@@ -670,7 +680,8 @@ impl<'w> Simulator<'w> {
         let finished = Finished {
             ok: true,
             ttft_ms: ttft_dispatch,
-            ttft_learned: false,
+            // Learned at the first token already (see `deliver`).
+            ttft_learned: l.first_s.is_some(),
             upstream_ms: (t - l.dispatched_s) * 1e3,
             tpot_ms: tpot.map(|x| x * 1e3),
             output_tokens,
