@@ -25,6 +25,7 @@
 use crate::calibration::{ScoreQuantiles, ewma};
 use crate::decay_stats::DecayStats;
 use crate::features::dot;
+use serde::Serialize;
 
 /// The speed ratio is clipped to ±this in log: a handful of labels must not set an
 /// absurd prior.
@@ -271,6 +272,22 @@ pub(crate) struct Gate {
     pub warm: bool,
     /// Labels this node scored (0: a class known only from peers' statistics).
     pub local: u64,
+}
+
+/// What a class target's warm/cold gate has scored since its fit last moved: the
+/// model's and the load baseline's mean |log error| and ranking concordance, and the
+/// coverage of the issued bound (why a class is warm or cold, for operators and replays).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct GateView {
+    pub warm: bool,
+    /// Labels scored since the fit last moved (the gate decides from 8).
+    pub labels: u64,
+    pub model_log_err: f64,
+    pub load_log_err: f64,
+    pub model_concordance: f64,
+    pub load_concordance: f64,
+    /// EWMA of 1{label ≤ issued bound}.
+    pub coverage: f64,
 }
 
 /// Result of one concordance comparison: 1 same order, 0 opposite, ½ a tie.

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::calibration::ScoreQuantiles;
-use crate::class_model::{ClassModel, ClassTrack, ErrTrack, Gate, SolveParams};
+use crate::class_model::{ClassModel, ClassTrack, ErrTrack, Gate, GateView, SolveParams};
 use crate::config::{CorrectionMode, DriftConfig, PredictorConfig};
 use crate::counters::{CounterValues, Counters};
 use crate::error::FederationError;
@@ -624,6 +624,25 @@ impl Learner {
             TARGET_TPOT => Some(StatsBlock::from_stats(class, target, &ct.tpot.merged(tau))),
             _ => None,
         }
+    }
+
+    /// The warm/cold gate of one class and target, as it stands (see [`GateView`]).
+    pub fn gate(&self, class: u64, target: u8) -> Option<GateView> {
+        let ct = self.st.classes.get(&class)?;
+        let g = match target {
+            TARGET_TTFT => &ct.ttft_gate,
+            TARGET_TPOT => &ct.tpot_gate,
+            _ => return None,
+        };
+        Some(GateView {
+            warm: g.warm,
+            labels: g.n,
+            model_log_err: g.model_err,
+            load_log_err: g.base_err,
+            model_concordance: g.model_conc,
+            load_concordance: g.base_conc,
+            coverage: g.cover,
+        })
     }
 
     /// Current coefficients of a class model (θ, in the units of the feature names).

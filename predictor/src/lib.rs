@@ -37,6 +37,7 @@ mod shared;
 mod slot_codec;
 mod snapshot;
 
+pub use class_model::GateView;
 pub use config::{ClassPrior, CorrectionMode, DriftConfig, PredictorConfig};
 pub use counters::CounterValues;
 pub use error::{ConfigError, FederationError, PersistError};

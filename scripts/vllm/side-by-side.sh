@@ -9,6 +9,8 @@
 # Env: HEADROOM_SBS_WORKLOAD (generator spec), HEADROOM_SBS_SLO (`ttft=…,tpot=…`, ms),
 #      HEADROOM_SBS_WARMUP_S (seconds of each replay not scored; the router learns),
 #      HEADROOM_SBS_SYSTEMS (which to run, default all four),
+#      HEADROOM_SBS_JOURNAL_DIR (Headroom's routers write their learner's journal to
+#      DIR/SYSTEM.jsonl, `predictor_journal`; replay: predictor/tests/real_cpu_journal.rs),
 #      HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
 #
 # Every system routes to the same servers in turn; the servers are started once and
@@ -94,11 +96,24 @@ CONF="$OUT/headroom.toml"
     done
 } > "$CONF"
 
+# One config per Headroom system: the shared one, plus its own learner journal if asked.
+conf_for() { # SYSTEM
+    local c="$OUT/$1.toml"
+    {
+        if [[ -n "${HEADROOM_SBS_JOURNAL_DIR:-}" ]]; then
+            mkdir -p "$HEADROOM_SBS_JOURNAL_DIR"
+            printf "predictor_journal = '%s'\n\n" "$HEADROOM_SBS_JOURNAL_DIR/$1.jsonl"
+        fi
+        cat "$CONF"
+    } > "$c"
+    echo "$c"
+}
+
 for sys in $SYSTEMS; do
     P=$(free_port); Q=$(free_port)
     case "$sys" in
-        headroom-slo) measure "$sys" "$P" "$BIN/headroom" serve --config "$CONF" --listen "127.0.0.1:$P" --policy slo ;;
-        headroom-token-load) measure "$sys" "$P" "$BIN/headroom" serve --config "$CONF" --listen "127.0.0.1:$P" --policy token-load ;;
+        headroom-slo) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy slo ;;
+        headroom-token-load) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy token-load ;;
         vllm-router) measure "$sys" "$P" "$PY/vllm-router" --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
             --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
         sglang-router) measure "$sys" "$P" "$PY/sglang-router" launch --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
