@@ -9,7 +9,9 @@
 use std::{fs::File, io::BufReader};
 
 use headroom_predictor::{
-    GateView, JournalEntry, Learner, PredictorConfig, TARGET_TPOT, TARGET_TTFT, read_journal,
+    GateView, JournalEntry, Learner, PredictorConfig, TARGET_TPOT, TARGET_TTFT,
+    features::{TPOT_FEATURE_NAMES, TTFT_FEATURE_NAMES},
+    read_journal,
 };
 
 fn fmt(g: Option<GateView>) -> String {
@@ -57,6 +59,29 @@ fn main() -> Result<(), String> {
                 fmt(learner.gate(key.class, TARGET_TTFT)),
                 fmt(learner.gate(key.class, TARGET_TPOT)),
             );
+        }
+    }
+    // The fits as they ended: each class's coefficients, in the feature names' units.
+    let mut classes: Vec<u64> = es
+        .iter()
+        .filter_map(|e| match e {
+            JournalEntry::Sample { key, .. } => Some(key.class),
+            _ => None,
+        })
+        .collect();
+    classes.sort_unstable();
+    classes.dedup();
+    for c in classes {
+        for (name, target, names) in [
+            ("TTFT", TARGET_TTFT, &TTFT_FEATURE_NAMES[..]),
+            ("TPOT", TARGET_TPOT, &TPOT_FEATURE_NAMES[..]),
+        ] {
+            if let Some(theta) = learner.coefficients(c, target) {
+                println!("class {c:016x} {name} fit:");
+                for (n, v) in names.iter().zip(theta) {
+                    println!("    {v:10.3}  {n}");
+                }
+            }
         }
     }
     Ok(())

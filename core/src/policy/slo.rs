@@ -115,7 +115,20 @@ pub fn evaluate(
     let tpot_bound = p.tpot_upper_ms.max(p.tpot_ms + p.tpot_recent_abs_err_ms);
     let ttft_ok = ttft_bound <= ttft_slo_ms;
     let tpot_ok = tpot_bound <= tpot_slo;
-    let (pt, pp) = p.violation_probability(ttft_slo_ms, tpot_slo);
+    let pt = tail_within(
+        p.ttft_median_ms,
+        p.ttft_log_sigma,
+        p.ttft_upper_ms,
+        ttft_bound,
+        ttft_slo_ms,
+    );
+    let pp = tail_within(
+        p.tpot_median_ms,
+        p.tpot_log_sigma,
+        p.tpot_upper_ms,
+        tpot_bound,
+        tpot_slo,
+    );
     Eval {
         tier: 2 - ttft_ok as u8 - tpot_ok as u8,
         p_violate: 1.0 - (1.0 - pt) * (1.0 - pp),
@@ -136,6 +149,26 @@ pub const COLD_TRY_MAX_WASTE: f64 = 0.25;
 /// little prefill (`wasted`: share of the prompt cached on the best replica, not here).
 pub fn cold_try_ok(ttft_state: ModelState, requests: f64, wasted: f64) -> bool {
     ttft_state != ModelState::Warm && requests == 0.0 && wasted <= COLD_TRY_MAX_WASTE
+}
+
+/// P(y > slo) under the forecast's lognormal, widened so that its upper quantile is the
+/// effective bound the tier was judged by (`bound ≥ upper`: the calibrated bound, or the
+/// point forecast plus the recent absolute error, whichever is larger).
+///
+/// Why: a replica whose recent labels run far above its forecasts (a model that misses
+/// a queue, as the fast real-vLLM server did when every request went to it: forecasts
+/// 0.4 s, labels 1-4 s) fails the tier test through its recent error, but its violation
+/// probability from the un-widened spread stayed the lowest of the fleet, so the
+/// least-bad choice kept sending it everything. With the spread stretched to the bound,
+/// σ' = σ·ln(bound/median)/ln(upper/median), the probability agrees with the tier.
+pub fn tail_within(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) -> f64 {
+    let (lu, lb) = ((upper / median).ln(), (bound / median).ln());
+    let sigma = if lb > lu && lu > 0.0 && lu.is_finite() && lb.is_finite() {
+        sigma * lb / lu
+    } else {
+        sigma
+    };
+    lognormal_tail(median, sigma, slo)
 }
 
 /// Prefills shorter than this cost running requests less than a step's noise: the
@@ -454,6 +487,37 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(order(&evals, &mut rng)[0], 1);
         }
+    }
+
+    /// A forecast whose recent errors are large is riskier, and the least-bad choice sees
+    /// it: the fast replica forecast at 400 ms with 2 s recent errors is more likely to
+    /// miss 1.5 s than the slow one forecast at 600 ms with 100 ms errors.
+    #[test]
+    fn recent_errors_raise_the_violation_probability() {
+        let mut fast = pred(400.0, 10.0);
+        fast.ttft_recent_abs_err_ms = 2000.0;
+        let mut slow = pred(600.0, 20.0);
+        slow.ttft_recent_abs_err_ms = 100.0;
+        let (ef, es) = (
+            evaluate(&fast, 1500.0, 60.0, None),
+            evaluate(&slow, 1500.0, 60.0, None),
+        );
+        assert!(!ef.ttft_ok && es.ttft_ok);
+        assert!(
+            ef.p_violate > es.p_violate + 0.1,
+            "fast {:.3} vs slow {:.3}",
+            ef.p_violate,
+            es.p_violate
+        );
+        // Without recent errors the spread is the calibrated one.
+        fast.ttft_recent_abs_err_ms = 0.0;
+        let (pt, _) = fast.violation_probability(1500.0, 60.0);
+        let e = evaluate(&fast, 1500.0, 60.0, None);
+        assert!(
+            (e.p_violate - (1.0 - (1.0 - pt) * (1.0 - fast.violation_probability(1500.0, 60.0).1)))
+                .abs()
+                < 1e-12
+        );
     }
 
     /// 150 ms of predicted headroom is not safe when recent errors exceed 200 ms.
