@@ -12,7 +12,6 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_bench::live::body::{PromptForm, completion_body};
