@@ -83,7 +83,7 @@ async fn concurrency_limit_is_429_and_a_full_fleet_is_503_both_within_max_wait()
         c.admission.per_replica_in_flight = 1;
         c.admission.max_wait_ms = 300;
         // The held request gives up on the stalled replica soon after its client left.
-        c.proxy.first_byte_timeout_ms = 500;
+        c.proxy.first_byte_timeout_ms = 2_000;
     })
     .await;
     let c = client();
