@@ -64,7 +64,11 @@ fn config(port: u16, replicas: &[std::net::SocketAddr], per_replica: u32) -> Str
     c
 }
 
-fn start_router(dir: &std::path::Path, replicas: &[std::net::SocketAddr], per_replica: u32) -> (Guard, String) {
+fn start_router(
+    dir: &std::path::Path,
+    replicas: &[std::net::SocketAddr],
+    per_replica: u32,
+) -> (Guard, String) {
     let port = free_port();
     let path = dir.join(format!("router-{port}.toml"));
     std::fs::write(&path, config(port, replicas, per_replica)).expect("write config");
@@ -106,7 +110,9 @@ fn met(o: &Outcome) -> bool {
     };
     let ttft_ms = (first - o.sent).as_secs_f64() * 1e3;
     let tpot_ok = match (o.tally.last_content, o.tally.content_events) {
-        (Some(last), n) if n > 1 => (last - first).as_secs_f64() * 1e3 / f64::from(n - 1) <= SLO_TPOT_MS,
+        (Some(last), n) if n > 1 => {
+            (last - first).as_secs_f64() * 1e3 / f64::from(n - 1) <= SLO_TPOT_MS
+        }
         _ => true,
     };
     ttft_ms <= SLO_TTFT_MS && tpot_ok
@@ -133,7 +139,13 @@ async fn phase(url: &str, secs: f64, quiet_rate: f64, noisy_rate: f64) -> Phase 
         if now >= next_q {
             next_q += dq;
             id += 1;
-            let body = bytes::Bytes::from(completion_body(&request(id), "llama-3-8b", None, None, PromptForm::Ids));
+            let body = bytes::Bytes::from(completion_body(
+                &request(id),
+                "llama-3-8b",
+                None,
+                None,
+                PromptForm::Ids,
+            ));
             let (client, uri) = (client.clone(), uri.clone());
             quiet.push(tokio::spawn(async move {
                 let auth = [("authorization", HeaderValue::from_static("Bearer k-quiet"))];
@@ -145,9 +157,14 @@ async fn phase(url: &str, secs: f64, quiet_rate: f64, noisy_rate: f64) -> Phase 
         {
             next_n += dn;
             id += 1;
-            let mut body: serde_json::Value =
-                serde_json::from_slice(&completion_body(&request(id), "llama-3-8b", None, None, PromptForm::Ids))
-                    .expect("json");
+            let mut body: serde_json::Value = serde_json::from_slice(&completion_body(
+                &request(id),
+                "llama-3-8b",
+                None,
+                None,
+                PromptForm::Ids,
+            ))
+            .expect("json");
             body["stream"] = false.into();
             body.as_object_mut().map(|o| o.remove("stream_options"));
             let (c, u) = (noisy_client.clone(), format!("{url}/v1/completions"));
@@ -231,7 +248,10 @@ async fn a_noisy_tenant_at_ten_times_its_share_keeps_the_quiet_tenants_attainmen
     let noisy_rate = (10.0 * capacity / 2.0 / alone.quiet_hold_s.max(0.05)).min(400.0);
     let shared = phase(&url, secs, quiet_rate, noisy_rate).await;
     let ungated = phase(&open_url, secs, quiet_rate, noisy_rate).await;
-    eprintln!("fairness: phases took {:.1} s", began.elapsed().as_secs_f64());
+    eprintln!(
+        "fairness: phases took {:.1} s",
+        began.elapsed().as_secs_f64()
+    );
     eprintln!(
         "fairness: hold {:.3} s, quiet {:.1}/s, noisy {:.1}/s; quiet attainment alone {:.3} ({}/{}), \
          with noisy {:.3} ({}/{}), without the gate {:.3} ({}/{}); noisy through the gate: {} sent, \
@@ -256,7 +276,10 @@ async fn a_noisy_tenant_at_ten_times_its_share_keeps_the_quiet_tenants_attainmen
         shared.noisy_other,
         ungated.noisy_ok,
     );
-    assert!(alone.attainment() >= 0.8, "the quiet tenant alone should mostly meet its SLO: {alone:?}");
+    assert!(
+        alone.attainment() >= 0.8,
+        "the quiet tenant alone should mostly meet its SLO: {alone:?}"
+    );
     assert!(
         shared.attainment() >= 0.9 * alone.attainment(),
         "noisy neighbour took quiet's attainment from {:.3} to {:.3}",
@@ -269,16 +292,30 @@ async fn a_noisy_tenant_at_ten_times_its_share_keeps_the_quiet_tenants_attainmen
         ungated.attainment(),
         alone.attainment()
     );
-    assert!(shared.noisy_429 > shared.noisy_sent / 2, "the noisy tenant should mostly be refused: {shared:?}");
-    assert_eq!(shared.retry_after.len(), shared.noisy_429, "every 429 carries Retry-After");
+    assert!(
+        shared.noisy_429 > shared.noisy_sent / 2,
+        "the noisy tenant should mostly be refused: {shared:?}"
+    );
+    assert_eq!(
+        shared.retry_after.len(),
+        shared.noisy_429,
+        "every 429 carries Retry-After"
+    );
     assert!(shared.retry_after.iter().all(|s| (1..=3600).contains(s)));
     assert!(shared.noisy_ok > 0, "the noisy tenant still gets its share");
     // The router counted it per tenant and reason.
-    let metrics = reqwest::get(format!("{url}/metrics")).await.expect("metrics").text().await.expect("text");
+    let metrics = reqwest::get(format!("{url}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
     assert!(
-        metrics.lines().any(|l| l.starts_with("headroom_admission_total{")
-            && l.contains("tenant=\"noisy\"")
-            && l.contains("outcome=\"rejected\"")),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("headroom_admission_total{")
+                && l.contains("tenant=\"noisy\"")
+                && l.contains("outcome=\"rejected\"")),
         "{metrics}"
     );
 }

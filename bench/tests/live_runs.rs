@@ -6,10 +6,11 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Guard, free_port, router_bin, start_replica, wait_http_ok};
+use common::{Guard, bin_dir, free_port, router_bin, start_replica, wait_http_ok};
 
 use headroom_bench::live::{
     LiveError, LiveMode, LiveOptions, ReplayOptions, SpawnOptions, replay, run_live,

@@ -94,7 +94,11 @@ fn refused(r: &RunResult, tenant: &str, label: &str) -> usize {
 #[test]
 fn a_noisy_tenant_cannot_take_the_quiet_tenants_attainment() {
     let alone = run(false, true);
-    assert_eq!(run(false, true).records, alone.records, "deterministic for a seed");
+    assert_eq!(
+        run(false, true).records,
+        alone.records,
+        "deterministic for a seed"
+    );
     let shared = run(true, true);
     let ungated = run(true, false);
     let (a, s, u) = (
@@ -116,7 +120,18 @@ fn a_noisy_tenant_cannot_take_the_quiet_tenants_attainment() {
     assert!(a >= 0.9, "quiet alone should meet its SLO: {a}");
     assert!(s >= 0.9 * a, "quiet fell from {a} to {s} with the gate on");
     assert!(noisy_429 > noisy_n / 2, "{noisy_429} of {noisy_n} refused");
-    assert_eq!(refused(&shared, "quiet", "429"), 0, "quiet is never over its share");
-    assert!(u < 0.9 * a, "without the gate the neighbour should hurt: {u} vs {a}");
-    assert_eq!(run(true, true).records, shared.records, "deterministic for a seed");
+    assert_eq!(
+        refused(&shared, "quiet", "429"),
+        0,
+        "quiet is never over its share"
+    );
+    assert!(
+        u < 0.9 * a,
+        "without the gate the neighbour should hurt: {u} vs {a}"
+    );
+    assert_eq!(
+        run(true, true).records,
+        shared.records,
+        "deterministic for a seed"
+    );
 }

@@ -116,7 +116,11 @@ fn concurrency_limit_queues_then_refuses_by_the_deadline() {
     let r = refused(&mut t4, 1.0);
     assert_eq!((r.over, r.reason), (Over::Tenant, "concurrency"));
     // Hold time 0.5 s learned from p1; two running, one (itself) waiting.
-    assert!((r.retry_after_s - 0.5 * 1.0 / 2.0).abs() < 1e-9, "{}", r.retry_after_s);
+    assert!(
+        (r.retry_after_s - 0.5 * 1.0 / 2.0).abs() < 1e-9,
+        "{}",
+        r.retry_after_s
+    );
     assert_eq!(g.load()[0].queued, 0, "the refused waiter left the queue");
 }
 
@@ -158,7 +162,10 @@ fn a_noisy_tenant_cannot_take_another_tenants_share() {
 #[test]
 fn weights_split_capacity_under_overload() {
     let g = gate(8, 1024);
-    let heavy = TenantLimits { weight: 3.0, ..FREE };
+    let heavy = TenantLimits {
+        weight: 3.0,
+        ..FREE
+    };
     let mut tickets: Vec<(bool, Ticket)> = Vec::new();
     for _ in 0..200 {
         tickets.push((true, g.arrive(&ask("heavy", heavy, 1e9), 0.0).unwrap()));
@@ -189,7 +196,10 @@ fn weights_split_capacity_under_overload() {
         }
     }
     let share = f64::from(started[1]) / f64::from(started[0] + started[1]);
-    assert!((share - 0.75).abs() < 0.05, "heavy got {share} of the starts");
+    assert!(
+        (share - 0.75).abs() < 0.05,
+        "heavy got {share} of the starts"
+    );
 }
 
 #[test]
@@ -198,7 +208,10 @@ fn higher_band_first_then_earliest_deadline() {
     let hold = go(&mut g.arrive(&ask("low", FREE, 9.0), 0.0).unwrap(), 0.0);
     let mut late = g.arrive(&ask("low", FREE, 9.0), 0.0).unwrap();
     let mut early = g.arrive(&ask("low", FREE, 5.0), 0.0).unwrap();
-    let hi = TenantLimits { priority: 5, ..FREE };
+    let hi = TenantLimits {
+        priority: 5,
+        ..FREE
+    };
     let mut urgent = g.arrive(&ask("high", hi, 9.0), 0.1).unwrap();
     for t in [&mut late, &mut early, &mut urgent] {
         assert!(waits(t, 0.1));

@@ -58,7 +58,14 @@ async fn over_its_request_rate_a_tenant_gets_429_with_the_buckets_retry_after() 
     let retry = refusal(send().await.unwrap(), 429, "rate_limit_exceeded").await;
     assert!((29..=30).contains(&retry), "{retry}");
     assert_eq!(m.hits.load(std::sync::atomic::Ordering::SeqCst), 2);
-    let metrics = c.get(r.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = c
+        .get(r.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         metrics.contains(
             "headroom_admission_total{outcome=\"rejected\",reason=\"rate_requests\",tenant=\"capped\"} 1"
@@ -100,7 +107,13 @@ async fn concurrency_limit_is_429_and_a_full_fleet_is_503_both_within_max_wait()
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let started = std::time::Instant::now();
-    let resp = c.post(&url).bearer_auth("k-one").json(&body()).send().await.unwrap();
+    let resp = c
+        .post(&url)
+        .bearer_auth("k-one")
+        .json(&body())
+        .send()
+        .await
+        .unwrap();
     refusal(resp, 429, "rate_limit_exceeded").await;
     let waited = started.elapsed();
     assert!(
@@ -108,7 +121,13 @@ async fn concurrency_limit_is_429_and_a_full_fleet_is_503_both_within_max_wait()
         "waited {waited:?}, bounded by max_wait_ms"
     );
     // `other` runs nothing and still cannot start: the fleet is full, not its fault.
-    let resp = c.post(&url).bearer_auth("k-other").json(&body()).send().await.unwrap();
+    let resp = c
+        .post(&url)
+        .bearer_auth("k-other")
+        .json(&body())
+        .send()
+        .await
+        .unwrap();
     let retry = refusal(resp, 503, "service_unavailable").await;
     assert!(retry >= 1);
     held.abort();
@@ -117,7 +136,13 @@ async fn concurrency_limit_is_429_and_a_full_fleet_is_503_both_within_max_wait()
     m.set(Behaviour::Normal);
     let mut ok = false;
     for _ in 0..100 {
-        let s = c.post(&url).bearer_auth("k-other").json(&body()).send().await.unwrap();
+        let s = c
+            .post(&url)
+            .bearer_auth("k-other")
+            .json(&body())
+            .send()
+            .await
+            .unwrap();
         if s.status() == 200 {
             ok = true;
             break;

@@ -114,4 +114,3 @@ pub async fn wait_http_ok(url: &str) {
     }
     panic!("{url} never answered 200");
 }
-

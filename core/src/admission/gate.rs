@@ -180,7 +180,10 @@ impl State {
     }
 
     fn hold(&self, i: usize) -> f64 {
-        self.tenants[i].hold_s.or(self.hold_s).unwrap_or(PRIOR_HOLD_S)
+        self.tenants[i]
+            .hold_s
+            .or(self.hold_s)
+            .unwrap_or(PRIOR_HOLD_S)
     }
 
     /// Why tenant `i`'s waiter cannot start, as a refusal.
@@ -214,8 +217,8 @@ impl State {
                 ),
             };
         }
-        let fleet_wait =
-            self.hold_s.unwrap_or(PRIOR_HOLD_S) * (self.queued as f64 + 1.0) / self.running.max(1) as f64;
+        let fleet_wait = self.hold_s.unwrap_or(PRIOR_HOLD_S) * (self.queued as f64 + 1.0)
+            / self.running.max(1) as f64;
         Refusal {
             over: Over::Fleet,
             reason: full.unwrap_or("capacity"),
@@ -245,7 +248,8 @@ impl State {
         };
         t.set_limits(limits, now_s);
         self.tenants.push(t);
-        self.by_name.insert(name.to_string(), self.tenants.len() - 1);
+        self.by_name
+            .insert(name.to_string(), self.tenants.len() - 1);
         Some(self.tenants.len() - 1)
     }
 }
@@ -315,7 +319,8 @@ impl Gate {
         };
         let tokens = f64::from(ask.tokens);
         let t = &mut s.tenants[i];
-        let rated = |b: &mut Option<Bucket>, n: f64| b.as_mut().map_or(Ok(()), |b| b.check(n, now_s));
+        let rated =
+            |b: &mut Option<Bucket>, n: f64| b.as_mut().map_or(Ok(()), |b| b.check(n, now_s));
         if let Err(w) = rated(&mut t.requests, 1.0) {
             return Err(Refusal {
                 over: Over::Tenant,
@@ -328,7 +333,11 @@ impl Gate {
             });
         }
         if let Err(w) = rated(&mut t.tokens, tokens) {
-            let never = if w.is_finite() { "" } else { " (this request alone exceeds it)" };
+            let never = if w.is_finite() {
+                ""
+            } else {
+                " (this request alone exceeds it)"
+            };
             return Err(Refusal {
                 over: Over::Tenant,
                 reason: "rate_tokens",
@@ -347,7 +356,9 @@ impl Gate {
         if !s.tenants[i].granted.contains(&seq) {
             let active_w = s.active_weight();
             let w = s.tenants[i].weight();
-            let mine = (self.cfg.max_queued as f64 * w / active_w.max(w)).ceil().max(1.0);
+            let mine = (self.cfg.max_queued as f64 * w / active_w.max(w))
+                .ceil()
+                .max(1.0);
             let full = if s.queued > self.cfg.max_queued {
                 Some("queue_full")
             } else if s.tenants[i].queue.len() as f64 > mine {
