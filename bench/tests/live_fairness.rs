@@ -223,7 +223,6 @@ async fn phase(url: &str, secs: f64, quiet_rate: f64, noisy_rate: f64) -> Phase 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_noisy_tenant_at_ten_times_its_share_keeps_the_quiet_tenants_attainment() {
     let long = std::env::var_os("HEADROOM_FAIRNESS_LONG").is_some();
-    let began = Instant::now();
     let secs = if long { 30.0 } else { 8.0 };
     let dir = tempfile::tempdir().expect("tempdir");
     let mut guards = Vec::new();
@@ -238,6 +237,7 @@ async fn a_noisy_tenant_at_ten_times_its_share_keeps_the_quiet_tenants_attainmen
     let (_open, open_url) = start_router(dir.path(), &addrs, 0);
     wait_http_ok(&format!("{url}/ready")).await;
     wait_http_ok(&format!("{open_url}/ready")).await;
+    let began = Instant::now();
     let capacity = f64::from(PER_REPLICA * REPLICAS);
     // The quiet tenant runs about a quarter of the capacity on its own.
     let warm = phase(&url, 2.0, 4.0, 0.0).await;
