@@ -4,12 +4,13 @@
 //! their timing does not disturb each other, and each checks that every process it
 //! started is gone afterwards.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use common::{Guard, bin_dir, free_port, router_bin, start_replica, wait_http_ok};
 
 use headroom_bench::live::{
     LiveError, LiveMode, LiveOptions, ReplayOptions, SpawnOptions, replay, run_live,
@@ -21,112 +22,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
-}
-
-/// Kills and reaps the child on drop.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_headroom-replica"))
-        .parent()
-        .expect("binary dir")
-        .to_path_buf()
-}
-
-/// The `headroom` router binary next to ours, built once if missing or stale
-/// (`cargo test --workspace` builds it anyway; `cargo test -p headroom-bench` not).
-fn router_bin() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = bin_dir();
-            let target_dir = dir.parent().expect("target dir").to_path_buf();
-            let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args([
-                "build",
-                "-q",
-                "-p",
-                "headroom",
-                "--bin",
-                "headroom",
-                "--target-dir",
-            ])
-            .arg(&target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile == "release" {
-                cmd.arg("--release");
-            }
-            let status = cmd.status().expect("run cargo build for the router");
-            assert!(status.success(), "building the headroom binary failed");
-            let bin = dir.join("headroom");
-            assert!(bin.is_file(), "{} missing after build", bin.display());
-            bin
-        })
-        .clone()
-}
-
-fn start_replica(profile: &str, extra: &[&str]) -> (Guard, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom-replica"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--profile",
-            profile,
-            "--seed",
-            "3",
-        ])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn headroom-replica");
-    let out = child.stdout.take().expect("stdout");
-    let guard = Guard(child);
-    let mut line = String::new();
-    BufReader::new(out)
-        .read_line(&mut line)
-        .expect("read address line");
-    let addr = line
-        .trim()
-        .strip_prefix("headroom-replica listening on http://")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    (guard, addr)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-async fn wait_http_ok(url: &str) {
-    let client = reqwest::Client::new();
-    for _ in 0..400 {
-        if let Ok(r) = client
-            .get(url)
-            .timeout(Duration::from_millis(500))
-            .send()
-            .await
-            && r.status().is_success()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{url} never answered 200");
 }
 
 /// `n` requests `gap_s` apart, prompts of `input` ± a little; all share one

@@ -2,13 +2,15 @@
 //! the fleet simulator run the very same code, one in wall-clock time, the other in
 //! virtual time.
 //!
-//! Module map: [`view`] (what the core reads of a replica, filled by the host) →
+//! Module map: [`admission`] (tenants' rates, shares and queues, before routing) →
+//! [`view`] (what the core reads of a replica, filled by the host) →
 //! [`policy`] (candidates, the policies, the registry) → [`decide`] (one decision)
 //! → [`lifecycle`] (admit, dispatch, finish); [`ledger`] (this node's in-flight work
 //! per replica), [`prefix`] (which replica holds which prompt blocks), [`blocks`]
 //! (prompt block hashes), [`output`] (output-length estimate), [`scraped`] (engine
 //! state). No async runtime, no HTTP: time comes in as `now_s`, randomness as an rng.
 
+pub mod admission;
 pub mod blocks;
 pub mod decide;
 pub mod ledger;

@@ -7,7 +7,8 @@
 //! Invariants: a request holds at most one deferral slot, from its first "wait" until
 //! its admission is dropped, so the node's count of deferred requests never exceeds
 //! the requests waiting; a wait never reaches past the request's deadline (arrival +
-//! `defer_budget` × its TTFT objective); every admitted request carries the policy's
+//! `min(defer_budget × its TTFT objective, max_wait)`, the same deadline the admission
+//! gate, [`crate::admission`], holds it to before routing); every admitted request carries the policy's
 //! own fallback label, or the lifecycle's (`deferred`, `defer-full`,
 //! `defer-expired`) when deferral decided; a TTFT label is censored exactly when no
 //! token came and the attempt failed (the wait is then a lower bound).
@@ -45,6 +46,16 @@ pub struct DeferLimits {
     pub budget: f64,
     /// Most requests deferred at once on a node.
     pub max_deferred: usize,
+    /// Longest any request waits (s), whatever its objective (`admission.max_wait_ms`).
+    pub max_wait_s: f64,
+}
+
+impl DeferLimits {
+    /// When a request that arrived at `arrived_s` must be placed or refused.
+    pub fn deadline_s(&self, profile: &RequestProfile, arrived_s: f64) -> f64 {
+        let budget_s = profile.slo.ttft_ms / 1e3 * self.budget;
+        arrived_s + budget_s.min(self.max_wait_s).max(0.0)
+    }
 }
 
 /// A node's count of requests deferred now (shared by its requests).
@@ -104,7 +115,7 @@ impl Admission {
         deferrals: Arc<Deferrals>,
     ) -> Self {
         Self {
-            deadline_s: arrived_s + profile.slo.ttft_ms / 1e3 * limits.budget,
+            deadline_s: limits.deadline_s(profile, arrived_s),
             limits,
             deferrals,
             slot: None,

@@ -96,6 +96,7 @@ fn routed(policy: &dyn Policy, replicas: &[PlainReplica], now_s: f64) -> headroo
 const LIMITS: DeferLimits = DeferLimits {
     budget: 0.5,
     max_deferred: 1,
+    max_wait_s: f64::INFINITY,
 };
 
 #[test]
@@ -139,6 +140,28 @@ fn a_deferred_request_waits_within_its_deadline_then_goes_least_bad() {
         0,
         "the slot is released with the admission"
     );
+}
+
+#[test]
+fn max_wait_bounds_deferral_whatever_the_objective() {
+    let rs = fleet(2);
+    let mut p = profile(Fallback::Defer);
+    // An hour's TTFT objective would allow half an hour deferred; max_wait says 0.3 s.
+    p.slo.ttft_ms = 3_600_000.0;
+    let limits = DeferLimits {
+        max_wait_s: 0.3,
+        ..LIMITS
+    };
+    assert_eq!(limits.deadline_s(&p, 10.0), 10.3);
+    let mut adm = Admission::new(&p, 10.0, limits, Deferrals::new());
+    assert!(matches!(
+        adm.admit(routed(&defer_all(), &rs, 10.0), 10.0),
+        Admit::Wait(_)
+    ));
+    match adm.admit(routed(&defer_all(), &rs, 10.29), 10.29) {
+        Admit::Go { fallback, .. } => assert_eq!(fallback, Some(lifecycle::DEFER_EXPIRED)),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

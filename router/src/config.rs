@@ -67,6 +67,8 @@ pub struct RouterConfig {
     pub mesh: MeshSettings,
     /// The client-facing edge: timeouts, connection cap, TLS, admin surface, identity.
     pub edge: crate::edge::EdgeConfig,
+    /// Admission before routing: capacity, the gate's queue and waits.
+    pub admission: AdmissionConfig,
 }
 
 impl Default for RouterConfig {
@@ -94,6 +96,47 @@ impl Default for RouterConfig {
             predictor_publish_ms: 100,
             mesh: MeshSettings::default(),
             edge: crate::edge::EdgeConfig::default(),
+            admission: AdmissionConfig::default(),
+        }
+    }
+}
+
+/// The node's admission gate (`headroom_core::admission`): tenants are held to their
+/// weighted shares once `per_replica_in_flight` × replicas requests run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Requests per replica this node lets run before tenants are held to their fair
+    /// shares (0 = no cap: only the tenants' own rate and concurrency limits apply).
+    pub per_replica_in_flight: u32,
+    /// Most requests waiting at the gate on this node; beyond it, 429 or 503.
+    pub max_queued: usize,
+    /// Longest any request waits for admission or placement (ms), whatever its
+    /// objective: the deadline is `min(slo.defer_budget × TTFT objective, this)`.
+    pub max_wait_ms: u64,
+    /// How often a waiting request looks again (ms).
+    pub poll_ms: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            per_replica_in_flight: 0,
+            max_queued: 1024,
+            max_wait_ms: 5_000,
+            poll_ms: 5,
+        }
+    }
+}
+
+impl AdmissionConfig {
+    /// The core's settings.
+    pub fn gate(&self) -> headroom_core::admission::GateConfig {
+        headroom_core::admission::GateConfig {
+            per_replica: self.per_replica_in_flight,
+            max_queued: self.max_queued,
+            max_wait_s: self.max_wait_ms as f64 / 1e3,
+            poll_s: self.poll_ms as f64 / 1e3,
         }
     }
 }
@@ -325,11 +368,28 @@ pub struct TenantConfig {
     pub min_ttft_ms: f64,
     #[serde(default = "default_min_tpot_ms")]
     pub min_tpot_ms: f64,
-    /// Higher is more important (defer queue order).
+    /// Higher is more important: the admission band (a higher band's waiters start
+    /// first) and the defer queue order.
     #[serde(default)]
     pub priority: i32,
     #[serde(default)]
     pub fallback: Fallback,
+    /// Relative share of capacity under overload (equal by default).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// Requests per minute (0 = unlimited); over it, 429 with `Retry-After`.
+    #[serde(default)]
+    pub rpm: f64,
+    /// Tokens per minute, prompt + expected output (0 = unlimited).
+    #[serde(default)]
+    pub tpm: f64,
+    /// Requests running at once (0 = unlimited); beyond it they wait, then 429.
+    #[serde(default)]
+    pub max_concurrency: u32,
+}
+
+fn default_weight() -> f64 {
+    1.0
 }
 
 fn default_ttft_ms() -> f64 {
@@ -356,6 +416,21 @@ impl TenantConfig {
             min_tpot_ms: default_min_tpot_ms(),
             priority: 0,
             fallback: Fallback::LeastBad,
+            weight: default_weight(),
+            rpm: 0.0,
+            tpm: 0.0,
+            max_concurrency: 0,
+        }
+    }
+
+    /// What the admission gate enforces for this tenant.
+    pub fn limits(&self) -> headroom_core::admission::TenantLimits {
+        headroom_core::admission::TenantLimits {
+            weight: self.weight,
+            priority: self.priority,
+            rpm: self.rpm,
+            tpm: self.tpm,
+            max_concurrency: self.max_concurrency,
         }
     }
 }

@@ -16,6 +16,8 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     /// Which replica (if any) the error came from, for `x-headroom-replica`.
     pub replica: Option<String>,
+    /// Seconds after which a retry may succeed (`Retry-After`), for 429 and 503.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -26,7 +28,12 @@ impl ApiError {
             message: message.into(),
             param: None,
             replica: None,
+            retry_after: None,
         }
+    }
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -109,6 +116,10 @@ impl IntoResponse for ApiError {
         let replica = self.replica.as_deref().unwrap_or("none");
         if let Ok(v) = HeaderValue::from_str(replica) {
             resp.headers_mut().insert(crate::REPLICA_HEADER, v);
+        }
+        if let Some(s) = self.retry_after {
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(s));
         }
         resp
     }

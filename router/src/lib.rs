@@ -1,11 +1,13 @@
 //! Headroom: an SLO-aware router mesh for LLM inference.
 //!
 //! Crate map: `server` (HTTP front) → `request`/`tokens`/`tenant` (what a request is)
+//! → `admission` (the tenant's turn at the node's gate: rates, shares, queue)
 //! → the routing core (`headroom-core`, re-exported as `decide`, `lifecycle`,
 //! `policy`, `ledger`, `prefix`; it reads `fleet` replicas through `replica_view`)
 //! → `proxy` (forwarding, retries, streaming, outcomes). Background work lives in
 //! `fleet::tasks`. `up` runs a whole local deployment.
 
+pub mod admission;
 pub mod chat;
 pub mod clock;
 pub mod config;

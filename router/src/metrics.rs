@@ -42,6 +42,9 @@ pub struct Metrics {
     pub bound_covered: IntCounterVec,
     pub tpot_label_ratio: HistogramVec,
     pub predictor_learned: IntGauge,
+    pub admission: IntCounterVec,
+    pub admission_running: IntGaugeVec,
+    pub admission_queued: IntGaugeVec,
     pub predictor_dropped: IntGauge,
 }
 
@@ -211,6 +214,36 @@ impl Metrics {
                     RATIO_BUCKETS,
                     &["replica"],
                 ),
+            ),
+            admission: reg(
+                &r,
+                c(
+                    "headroom_admission_total",
+                    "Admission outcomes (admitted, queued, rejected) per tenant and reason.",
+                    &["tenant", "outcome", "reason"],
+                ),
+            ),
+            admission_running: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "headroom_admission_running",
+                        "Requests holding an admission permit, per tenant.",
+                    ),
+                    &["tenant"],
+                )
+                .expect("valid"),
+            ),
+            admission_queued: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "headroom_admission_queued",
+                        "Requests waiting at the admission gate, per tenant.",
+                    ),
+                    &["tenant"],
+                )
+                .expect("valid"),
             ),
             predictor_learned: reg(
                 &r,

@@ -37,6 +37,8 @@ pub struct Node {
     pub mesh: std::sync::OnceLock<Arc<crate::mesh::MeshRuntime>>,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: Arc<Deferrals>,
+    /// The admission gate (tenants' rates, concurrency, shares and queue).
+    pub gate: Arc<headroom_core::admission::Gate>,
     /// Decisions made so far (each seeded decision draws from its own stream).
     decisions: std::sync::atomic::AtomicU64,
     tokenizers: HashMap<String, Tokenizer>,
@@ -92,6 +94,7 @@ impl Node {
             trainer,
             mesh: Default::default(),
             deferred: Deferrals::new(),
+            gate: headroom_core::admission::Gate::new(cfg.admission.gate()),
             decisions: Default::default(),
             tenants: Tenants::from_config(&cfg),
             cfg,

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    clock,
+    admission, clock,
     edge::{self, listen::Peer},
     error::ApiError,
     node::Node,
@@ -171,7 +171,10 @@ async fn handle(
             stream: parsed.stream,
         };
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
-        proxy::forward(node.clone(), parsed, profile, upstream, arrived).await
+        // The tenant's turn at the gate; the permit lives as long as the response body.
+        let permit = admission::admit(&node, &tenant, &profile, arrived).await?;
+        let resp = proxy::forward(node.clone(), parsed, profile, upstream, arrived).await?;
+        Ok::<_, ApiError>(admission::PermitBody::wrap(resp, permit))
     }
     .await;
     match result {
@@ -303,6 +306,7 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
+    admission::publish(&node);
     node.metrics
         .predictor_learned
         .set(node.trainer.learned.load(Relaxed) as i64);

@@ -18,6 +18,11 @@ pub const MAX_BODY_BYTES: usize = 1 << 30;
 /// Most extra attempts per request.
 pub const MAX_RETRIES: u32 = 16;
 
+/// Largest per-minute rate (requests or tokens) a tenant may declare.
+pub const MAX_PER_MINUTE: f64 = 1e12;
+/// Most requests a node's admission gate may hold waiting.
+pub const MAX_QUEUED: usize = 1 << 20;
+
 /// Collects problems as `field: message`.
 #[derive(Default)]
 struct Problems(Vec<String>);
@@ -73,6 +78,7 @@ pub fn check(cfg: &RouterConfig) -> Result<(), String> {
     proxy(cfg, &mut p);
     policies(cfg, &mut p);
     tenants(cfg, &mut p);
+    admission(cfg, &mut p);
     mesh(cfg, &mut p);
     crate::edge::validate(&cfg.edge, cfg, &mut |f, m| p.push(f, m));
     if p.0.is_empty() {
@@ -244,6 +250,10 @@ fn tenants(cfg: &RouterConfig, p: &mut Problems) {
                 p.push(&f(k), format!("= {v} must be in (0, {MAX_SLO_MS}] ms"));
             }
         }
+        // A weight of 0 or NaN would starve the tenant or poison everyone's share.
+        p.range(&f("weight"), t.weight, 1e-3, 1e6);
+        p.range(&f("rpm"), t.rpm, 0.0, MAX_PER_MINUTE);
+        p.range(&f("tpm"), t.tpm, 0.0, MAX_PER_MINUTE);
         if t.min_ttft_ms > t.slo_ttft_ms {
             p.push(&f("min_ttft_ms"), "must be <= slo_ttft_ms");
         }
@@ -264,6 +274,27 @@ fn tenants(cfg: &RouterConfig, p: &mut Problems) {
                 );
             }
         }
+    }
+}
+
+fn admission(cfg: &RouterConfig, p: &mut Problems) {
+    let a = &cfg.admission;
+    p.ms("admission.max_wait_ms", a.max_wait_ms);
+    p.ms("admission.poll_ms", a.poll_ms);
+    if a.poll_ms > a.max_wait_ms {
+        p.push("admission.poll_ms", "must be <= admission.max_wait_ms");
+    }
+    if a.max_queued > MAX_QUEUED {
+        p.push(
+            "admission.max_queued",
+            format!("= {} must be in 0..={MAX_QUEUED}", a.max_queued),
+        );
+    }
+    if a.per_replica_in_flight > 1 << 20 {
+        p.push(
+            "admission.per_replica_in_flight",
+            format!("= {} must be in 0..=1048576", a.per_replica_in_flight),
+        );
     }
 }
 
@@ -321,5 +352,42 @@ mod tests {
         assert!(e.contains("`slo.defer_budget` = -1"), "{e}");
         assert!(e.contains("`slo.explore` = 5"), "{e}");
         assert!(e.contains("`proxy.first_byte_timeout_ms` = 0"), "{e}");
+    }
+
+    #[test]
+    fn admission_numbers_are_range_checked() {
+        let e = problems(|c| {
+            c.tenants = vec![crate::config::TenantConfig {
+                weight: 0.0,
+                rpm: f64::NAN,
+                tpm: -5.0,
+                ..crate::config::TenantConfig::default_tenant()
+            }];
+            c.admission.max_wait_ms = 0;
+            c.admission.poll_ms = 10;
+            c.admission.max_queued = usize::MAX;
+        });
+        for want in [
+            "`tenants[0].weight` = 0",
+            "`tenants[0].rpm` = NaN",
+            "`tenants[0].tpm` = -5",
+            "`admission.max_wait_ms` = 0",
+            "`admission.poll_ms` must be <=",
+            "`admission.max_queued`",
+        ] {
+            assert!(e.contains(want), "{want} not in {e}");
+        }
+        // Weights and limits as a user writes them pass.
+        let ok = problems(|c| {
+            c.tenants = vec![crate::config::TenantConfig {
+                weight: 3.0,
+                rpm: 600.0,
+                tpm: 1e6,
+                max_concurrency: 8,
+                ..crate::config::TenantConfig::default_tenant()
+            }];
+            c.admission.per_replica_in_flight = 16;
+        });
+        assert_eq!(ok, "");
     }
 }

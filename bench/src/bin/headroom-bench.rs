@@ -87,6 +87,17 @@ struct SimArgs {
     /// profile file (TOML, or JSON by extension); the router still sees CLASS. Repeatable.
     #[arg(long = "engine-profile")]
     engine_profiles: Vec<String>,
+    /// Admission: requests per replica each node runs before tenants are held to
+    /// their weighted shares (`[admission] per_replica_in_flight`; 0 = off).
+    #[arg(long, default_value_t = 0)]
+    admission_per_replica: u32,
+    /// Admission: longest any request waits (ms), gate and deferral together.
+    #[arg(long, default_value_t = 5000)]
+    admission_max_wait_ms: u64,
+    /// `TENANT=WEIGHT`: a tenant's share of capacity under overload (default 1).
+    /// Repeatable.
+    #[arg(long = "tenant-weight")]
+    tenant_weights: Vec<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Parallel simulations (default: available cores).
@@ -143,7 +154,33 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         a.engine_mismatch
     );
     let names = policies(&a.policies);
+    let mut tenant_limits = Vec::new();
+    for spec in &a.tenant_weights {
+        let weight = spec
+            .split_once('=')
+            .and_then(|(t, w)| Some((t.trim(), w.trim().parse::<f64>().ok()?)))
+            .filter(|(t, w)| !t.is_empty() && w.is_finite() && *w > 0.0);
+        let Some((tenant, weight)) = weight else {
+            anyhow::bail!("--tenant-weight `{spec}`: expected TENANT=WEIGHT with WEIGHT > 0");
+        };
+        tenant_limits.push((
+            tenant.to_string(),
+            headroom_core::admission::TenantLimits {
+                weight,
+                ..Default::default()
+            },
+        ));
+    }
+    if a.admission_max_wait_ms == 0 {
+        anyhow::bail!("--admission-max-wait-ms must be > 0");
+    }
     let base = SimConfig {
+        admission: headroom_core::admission::GateConfig {
+            per_replica: a.admission_per_replica,
+            max_wait_s: a.admission_max_wait_ms as f64 / 1e3,
+            ..Default::default()
+        },
+        tenant_limits,
         fleet,
         routers: a.routers,
         mesh: a.mesh,

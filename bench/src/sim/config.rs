@@ -102,6 +102,11 @@ pub struct SimConfig {
     pub seed: u64,
     /// Arrival rate multiplier.
     pub rate_scale: f64,
+    /// Each node's admission gate (`[admission]`; `per_replica` 0 = no capacity cap).
+    pub admission: headroom_core::admission::GateConfig,
+    /// Tenants' admission limits by name (weight, band, rates, concurrency); others
+    /// get the defaults (weight 1, no limits).
+    pub tenant_limits: Vec<(String, headroom_core::admission::TenantLimits)>,
 }
 
 impl Default for SimConfig {
@@ -136,6 +141,8 @@ impl Default for SimConfig {
             slowdowns: Vec::new(),
             seed: 1,
             rate_scale: 1.0,
+            admission: Default::default(),
+            tenant_limits: Vec::new(),
         }
     }
 }

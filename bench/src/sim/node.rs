@@ -22,6 +22,8 @@ pub struct SimNode {
     pub learner: Learner,
     pub outputs: OutputEstimator,
     pub deferrals: Arc<Deferrals>,
+    /// The node's admission gate (tenants' rates, shares and queue).
+    pub gate: Arc<headroom_core::admission::Gate>,
     pub rng: ChaCha8Rng,
     /// Labels learned since the last published snapshot.
     pub dirty: bool,

@@ -15,6 +15,7 @@
 use std::{str::FromStr, sync::Arc, time::Instant};
 
 use headroom_core::{
+    admission::{Ask, Over, Permit, Poll, Refusal, Ticket},
     blocks,
     decide::{self, Learn, RouteInputs, RoutedTarget},
     ledger::{Booking, Load},
@@ -86,6 +87,8 @@ struct Live {
     tokens: u32,
     learn: Learn,
     fallback: Option<&'static str>,
+    /// Its admission slot, released when it finishes.
+    permit: Option<Permit>,
 }
 
 /// Per-request data computed once at arrival.
@@ -97,6 +100,27 @@ struct Prepared {
     admission: Admission,
     engine_hashes: Vec<u64>,
     max_tokens: u32,
+    /// Its place at the node's admission gate until it starts; then its permit.
+    ticket: Option<Ticket>,
+    permit: Option<Permit>,
+    /// The gate refused it on arrival (`429 share`, `503 capacity`, ...).
+    refused: Option<String>,
+}
+
+/// A gate refusal as a record's label: the status the proxy answers, and why.
+fn admission_label(r: &Refusal) -> String {
+    let status = match r.over {
+        Over::Tenant => 429,
+        Over::Fleet => 503,
+    };
+    format!("{status} {}", r.reason)
+}
+
+/// What the gate said about a request, acted on once its borrow ends.
+enum Gated {
+    Pass,
+    Wait(f64),
+    Refuse(String),
 }
 
 /// Errors that stop a simulation before it starts.
@@ -237,6 +261,7 @@ impl<'w> Simulator<'w> {
                 learner,
                 outputs: Default::default(),
                 deferrals: lifecycle::Deferrals::new(),
+                gate: headroom_core::admission::Gate::new(cfg.admission),
                 rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ (0x5EED_0000 + n as u64)),
                 dirty: false,
             });
@@ -386,14 +411,39 @@ impl<'w> Simulator<'w> {
         let limits = DeferLimits {
             budget: self.cfg.slo.defer_budget,
             max_deferred: self.cfg.slo.max_deferred,
+            max_wait_s: self.cfg.admission.max_wait_s,
         };
-        let admission = Admission::new(&profile, self.arrival_s(i), limits, n.deferrals.clone());
+        let arrived_s = self.arrival_s(i);
+        let admission = Admission::new(&profile, arrived_s, limits, n.deferrals.clone());
+        let tenant = r.tenant.as_deref().unwrap_or("default");
+        let ask = Ask {
+            tenant,
+            limits: self
+                .cfg
+                .tenant_limits
+                .iter()
+                .find(|(name, _)| name == tenant)
+                .map(|(_, l)| *l)
+                .unwrap_or_default(),
+            tokens: profile
+                .prompt_tokens
+                .saturating_add(profile.expected_output_tokens),
+            deadline_s: limits.deadline_s(&profile, arrived_s),
+            replicas: n.views.len(),
+        };
+        let (ticket, refused) = match n.gate.arrive(&ask, arrived_s) {
+            Ok(t) => (Some(t), None),
+            Err(r) => (None, Some(admission_label(&r))),
+        };
         Some(Prepared {
             node,
             admission,
             profile,
             engine_hashes,
             max_tokens,
+            ticket,
+            permit: None,
+            refused,
         })
     }
 
@@ -406,6 +456,9 @@ impl<'w> Simulator<'w> {
             _ => self.rng.random_range(0..self.nodes.len()),
         };
         match self.prepare(i, node) {
+            Some(Prepared {
+                refused: Some(why), ..
+            }) => self.reject(i, node as u32, t, &why),
             Some(p) => {
                 self.prepared[i] = Some(p);
                 self.decide(i, t);
@@ -436,6 +489,28 @@ impl<'w> Simulator<'w> {
     /// Routes request `i` at `t` with its node's policy through the request lifecycle
     /// the binary runs (the same defer budget, limit, labels).
     fn decide(&mut self, i: usize, t: f64) {
+        // The tenant's turn at the gate first, as `headroom serve` takes it.
+        let gated = match self.prepared[i].as_mut() {
+            Some(prep) => match prep.ticket.as_mut().map(|tk| tk.poll(t)) {
+                Some(Poll::Go(p)) => {
+                    prep.permit = Some(p);
+                    prep.ticket = None;
+                    Gated::Pass
+                }
+                Some(Poll::Wait(s)) => Gated::Wait(s),
+                Some(Poll::Refuse(r)) => Gated::Refuse(admission_label(&r)),
+                None => Gated::Pass,
+            },
+            None => return,
+        };
+        match gated {
+            Gated::Pass => {}
+            Gated::Wait(s) => return self.q.push(t + s, Ev::Retry(i as u32)),
+            Gated::Refuse(why) => {
+                let node = self.prepared[i].as_ref().map_or(0, |p| p.node as u32);
+                return self.reject(i, node, t, &why);
+            }
+        }
         if self.cfg.policy == "oracle" {
             return self.oracle_decide(i, t);
         }
@@ -544,9 +619,10 @@ impl<'w> Simulator<'w> {
         fallback: Option<&'static str>,
         t: f64,
     ) {
-        let Some(prep) = self.prepared[i].take() else {
+        let Some(mut prep) = self.prepared[i].take() else {
             return;
         };
+        let permit = prep.permit.take();
         let r = target.index;
         let node = &self.nodes[node_ix];
         let view = &node.views[r];
@@ -584,6 +660,7 @@ impl<'w> Simulator<'w> {
             tokens: 0,
             learn: target.learn,
             fallback,
+            permit,
         });
         if !rep.stepping {
             self.start_step(r, t);
@@ -692,6 +769,9 @@ impl<'w> Simulator<'w> {
             node.dirty = true;
         }
         l.booking.complete();
+        if let Some(p) = l.permit {
+            p.release(t);
+        }
         let p = l.learn.prediction;
         self.records.push(RequestRecord {
             id: w.id,

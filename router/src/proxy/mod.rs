@@ -113,6 +113,7 @@ async fn plan(
     let limits = DeferLimits {
         budget: node.cfg.slo.defer_budget,
         max_deferred: node.cfg.slo.max_deferred,
+        max_wait_s: node.cfg.admission.max_wait_ms as f64 / 1e3,
     };
     let mut admission = Admission::new(
         profile,
