@@ -382,6 +382,7 @@ impl<'w> Simulator<'w> {
             priority: 0,
             fallback: self.cfg.fallback,
             stream: true,
+            exact_cached: Vec::new(),
         };
         let limits = DeferLimits {
             budget: self.cfg.slo.defer_budget,
