@@ -102,6 +102,10 @@ pub struct SimConfig {
     pub seed: u64,
     /// Arrival rate multiplier.
     pub rate_scale: f64,
+    /// Precise prefix state: each decision knows every engine's exact cached tokens
+    /// for the prompt (what a `precise` KV-event feed gives the router, without the
+    /// events' delivery delay); off = the router's approximate prefix index alone.
+    pub precise_prefix: bool,
 }
 
 impl Default for SimConfig {
@@ -136,6 +140,7 @@ impl Default for SimConfig {
             slowdowns: Vec::new(),
             seed: 1,
             rate_scale: 1.0,
+            precise_prefix: false,
         }
     }
 }
