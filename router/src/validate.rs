@@ -199,11 +199,14 @@ fn fleet(cfg: &RouterConfig, p: &mut Problems) {
     p.ms("kv_events.check_interval_ms", k.check_interval_ms);
 }
 
-/// `tcp://HOST:PORT` with a numeric port (what a ZMQ SUB can connect to).
+/// `tcp://HOST:PORT` with a numeric port (what a ZMQ SUB can connect to; `*` is
+/// vLLM's bind-everywhere, not an address).
 fn is_zmq_tcp(e: &str) -> bool {
     e.strip_prefix("tcp://")
         .and_then(|hp| hp.rsplit_once(':'))
-        .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+        .is_some_and(|(h, port)| {
+            !h.is_empty() && h != "*" && port.parse::<u16>().is_ok_and(|p| p > 0)
+        })
 }
 
 fn proxy(cfg: &RouterConfig, p: &mut Problems) {
@@ -362,5 +365,29 @@ mod tests {
         assert!(e.contains("`slo.defer_budget` = -1"), "{e}");
         assert!(e.contains("`slo.explore` = 5"), "{e}");
         assert!(e.contains("`proxy.first_byte_timeout_ms` = 0"), "{e}");
+    }
+
+    #[test]
+    fn kv_event_sources_must_be_connectable() {
+        let with = |events: Option<&str>, replay: Option<&str>| {
+            problems(|c| {
+                c.replicas.push(crate::config::ReplicaConfig {
+                    url: "http://10.0.0.1:8000".into(),
+                    kv_events: events.map(str::to_string),
+                    kv_replay: replay.map(str::to_string),
+                    ..Default::default()
+                });
+                c.kv_events.max_blocks = 0;
+            })
+        };
+        let ok = with(Some("tcp://10.0.0.1:5557"), Some("tcp://10.0.0.1:5558"));
+        assert!(!ok.contains("replicas[0]"), "{ok}");
+        assert!(ok.contains("`kv_events.max_blocks`"), "{ok}");
+        assert!(!with(Some("discover"), None).contains("replicas[0]"));
+        let bad = with(Some("tcp://*:5557"), None);
+        assert!(bad.contains("`replicas[0].kv_events`"), "{bad}");
+        let bad = with(Some("zmq://h:1"), Some("h:2"));
+        assert!(bad.contains("`replicas[0].kv_replay`"), "{bad}");
+        assert!(with(None, Some("tcp://h:1")).contains("need kv_events"));
     }
 }
