@@ -32,7 +32,11 @@ fn cache_error(precise: bool) -> (f64, f64) {
         .iter()
         .filter_map(|r| Some((r.est_cached_tokens?, r.cached_tokens)))
         .collect();
-    assert!(placed.len() >= 1200, "most requests are placed: {}", placed.len());
+    assert!(
+        placed.len() >= 1200,
+        "most requests are placed: {}",
+        placed.len()
+    );
     let n = placed.len() as f64;
     let exact = placed.iter().filter(|(e, c)| e == c).count() as f64 / n;
     let err = placed
@@ -50,6 +54,9 @@ fn precise_counts_match_the_engines_and_the_estimate_does_not() {
     println!(
         "exact share precise {p_exact:.3} approximate {a_exact:.3}; mean |error| precise {p_err:.0} approximate {a_err:.0} tokens"
     );
-    assert!(p_exact >= 0.99, "precise counts should equal the engine's: {p_exact:.3}");
+    assert!(
+        p_exact >= 0.99,
+        "precise counts should equal the engine's: {p_exact:.3}"
+    );
     assert!(p_exact >= a_exact, "{p_exact:.3} vs {a_exact:.3}");
 }
