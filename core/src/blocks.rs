@@ -16,6 +16,9 @@ pub struct PromptShape {
     pub tokens: u32,
     /// Chained hashes of the prompt's full prefix blocks, in order.
     pub blocks: Vec<u64>,
+    /// The prompt's token ids exactly as the engine will see them, kept only when the
+    /// host matches them against the engines' KV events (`None` otherwise).
+    pub ids: Option<std::sync::Arc<[u32]>>,
 }
 
 /// Hashes `units` in chunks of `chunk` items into a chain, at most `max_blocks` blocks.
@@ -41,5 +44,6 @@ pub fn shape_of_ids(ids: &[u32], block_tokens: usize, max_blocks: usize) -> Prom
         blocks: chain(ids, block_tokens, max_blocks, |b| {
             b.iter().flat_map(|t| t.to_le_bytes()).collect()
         }),
+        ids: None,
     }
 }

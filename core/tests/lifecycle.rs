@@ -36,6 +36,7 @@ fn profile(fallback: Fallback) -> RequestProfile {
         priority: 0,
         fallback,
         stream: true,
+        exact_cached: Vec::new(),
     }
 }
 

@@ -42,6 +42,7 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
                     class: Some(class.into()),
                     region: None,
                     max_batched_tokens: Some(8192),
+                    ..Default::default()
                 },
             )
             .expect("valid replica");
@@ -131,6 +132,7 @@ fn request() -> RequestProfile {
         priority: 0,
         fallback: Default::default(),
         stream: true,
+        exact_cached: Vec::new(),
     }
 }
 

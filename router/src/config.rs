@@ -39,6 +39,8 @@ pub struct RouterConfig {
     pub health: HealthConfig,
     pub proxy: ProxyConfig,
     pub prefix: PrefixConfig,
+    /// Following the engines' KV-cache events (replicas with `kv_events`).
+    pub kv_events: KvEventsConfig,
     /// Per-model settings (tokenizer); unknown models use the estimator.
     pub models: Vec<ModelConfig>,
     /// Tenants and their SLO classes; the first tenant named `default` (or a built-in
@@ -83,6 +85,7 @@ impl Default for RouterConfig {
             health: HealthConfig::default(),
             proxy: ProxyConfig::default(),
             prefix: PrefixConfig::default(),
+            kv_events: KvEventsConfig::default(),
             models: Vec::new(),
             tenants: Vec::new(),
             seed: 0,
@@ -142,7 +145,7 @@ impl AdmissionConfig {
 }
 
 /// One replica given statically.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaConfig {
     /// Base URL, e.g. `http://127.0.0.1:8001`.
@@ -159,11 +162,27 @@ pub struct ReplicaConfig {
     /// The engine's `max_num_batched_tokens`, if known (vLLM does not export it).
     #[serde(default)]
     pub max_batched_tokens: Option<u32>,
+    /// The engine's KV-event publisher to follow: `tcp://HOST:PORT`, or `discover`
+    /// to read it from the engine's `GET /kv_event_sources` (vLLM).
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// The publisher's replay endpoint (`tcp://HOST:PORT`); discovered with
+    /// `kv_events = "discover"`.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
+    /// The publisher's topic (vLLM's `topic`); `""` (all) when unset.
+    #[serde(default)]
+    pub kv_topic: Option<String>,
+    /// The engine's KV block size in tokens; read from its `/metrics`
+    /// (`cache_config_info`) when unset.
+    #[serde(default)]
+    pub kv_block_size: Option<u32>,
 }
 
 impl ReplicaConfig {
     /// Parses the `--replica` flag form: `URL[,key=value...]`, keys `name`, `class`,
-    /// `region`, `max_batched_tokens`.
+    /// `region`, `max_batched_tokens`, `kv-events`, `kv-replay`, `kv-topic`,
+    /// `kv-block-size` (`-` and `_` alike).
     pub fn parse_flag(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let url = parts.next().unwrap_or_default().trim().to_string();
@@ -172,18 +191,24 @@ impl ReplicaConfig {
         }
         let mut rc = ReplicaConfig {
             url,
-            name: None,
-            class: None,
-            region: None,
-            max_batched_tokens: None,
+            ..ReplicaConfig::default()
         };
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| format!("replica option `{kv}` is not key=value"))?;
             let v = v.trim().to_string();
-            match k.trim() {
+            match k.trim().replace('-', "_").as_str() {
                 "name" => rc.name = Some(v),
+                "kv_events" => rc.kv_events = Some(v),
+                "kv_replay" => rc.kv_replay = Some(v),
+                "kv_topic" => rc.kv_topic = Some(v),
+                "kv_block_size" => {
+                    rc.kv_block_size = Some(
+                        v.parse()
+                            .map_err(|_| format!("kv-block-size `{v}` is not a number"))?,
+                    )
+                }
                 "class" => rc.class = Some(v),
                 "region" => rc.region = Some(v),
                 "max_batched_tokens" => {
@@ -326,6 +351,32 @@ impl Default for PrefixConfig {
             block_tokens: 16,
             max_entries: 1 << 21,
             max_blocks_per_request: 8_192,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvEventsConfig {
+    /// Blocks the precise index holds across every followed replica (≈ 86 B each with
+    /// the per-replica maps, `kv-events/README.md`); past it the coldest are evicted.
+    pub max_blocks: usize,
+    /// No event this long after a request that must have stored blocks marks the
+    /// replica `approximate`.
+    pub silence_timeout_ms: u64,
+    /// Wait for each reply of a replay before the replay counts as failed.
+    pub replay_timeout_ms: u64,
+    /// How often ownership, discovery and the feeds' states are re-checked.
+    pub check_interval_ms: u64,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        Self {
+            max_blocks: 1 << 22,
+            silence_timeout_ms: 5_000,
+            replay_timeout_ms: 2_000,
+            check_interval_ms: 250,
         }
     }
 }
@@ -534,6 +585,15 @@ mod tests {
         assert_eq!(r.max_batched_tokens, Some(8192));
         assert!(ReplicaConfig::parse_flag("http://x,bogus=1").is_err());
         assert!(ReplicaConfig::parse_flag("http://x,max_batched_tokens=lots").is_err());
+        let k = ReplicaConfig::parse_flag(
+            "http://x,kv-events=tcp://10.0.0.5:5557,kv_replay=tcp://10.0.0.5:5558,kv-topic=kv,kv-block-size=32",
+        )
+        .unwrap();
+        assert_eq!(k.kv_events.as_deref(), Some("tcp://10.0.0.5:5557"));
+        assert_eq!(k.kv_replay.as_deref(), Some("tcp://10.0.0.5:5558"));
+        assert_eq!(k.kv_topic.as_deref(), Some("kv"));
+        assert_eq!(k.kv_block_size, Some(32));
+        assert!(ReplicaConfig::parse_flag("http://x,kv-block-size=big").is_err());
     }
 
     #[test]

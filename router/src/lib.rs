@@ -36,3 +36,8 @@ pub const REPLICA_HEADER: &str = "x-headroom-replica";
 /// Response header with the prompt tokens the router counted for the request (exact
 /// with the model's `hf:` tokenizer), sent with the prediction headers.
 pub const PROMPT_TOKENS_HEADER: &str = "x-headroom-prompt-tokens";
+/// The cached tokens the router routed on for the chosen replica, and where that
+/// count came from (`precise` / `recovering`: the engine's KV events; `approximate`:
+/// the router's own prefix index).
+pub const CACHED_TOKENS_HEADER: &str = "x-headroom-cached-tokens";
+pub const CACHED_SOURCE_HEADER: &str = "x-headroom-cached-tokens-source";

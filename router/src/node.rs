@@ -29,6 +29,8 @@ pub struct Node {
     pub cfg: Arc<RouterConfig>,
     pub fleet: Arc<Fleet>,
     pub prefix: Arc<PrefixIndex>,
+    /// The engines' KV events, for replicas that publish them.
+    pub kv: Arc<crate::fleet::kv_feed::KvFeeds>,
     pub policy: Box<dyn Policy>,
     pub metrics: Arc<Metrics>,
     pub tenants: Tenants,
@@ -74,6 +76,9 @@ impl Node {
             fleet.add(rc, Origin::Static).map_err(anyhow::Error::msg)?;
         }
         fleet.start_discovery();
+        let kv =
+            crate::fleet::kv_feed::KvFeeds::new(&cfg.kv_events, &cfg.replicas, metrics.registry());
+        kv.start(&fleet);
         let mut tokenizers = HashMap::new();
         for m in &cfg.models {
             if let Some(t) = &m.tokenizer {
@@ -100,6 +105,7 @@ impl Node {
             cfg,
             fleet,
             prefix,
+            kv,
             policy,
             metrics,
             tokenizers,
@@ -111,12 +117,28 @@ impl Node {
         }))
     }
 
-    /// Token count and prefix blocks of a request's prompt.
+    /// Token count and prefix blocks of a request's prompt; with KV events followed,
+    /// also its exact token ids (token-id prompts, a chat template, or a completions
+    /// text prompt through the model's own tokenizer).
     pub fn shape(&self, req: &ParsedRequest) -> PromptShape {
         let block = self.cfg.prefix.block_tokens as usize;
         let max_blocks = self.cfg.prefix.max_blocks_per_request;
+        let keep = self.kv.active();
+        let exact = |ids: Vec<u32>| {
+            let mut s = tokens::shape_of_ids(&ids, block, max_blocks);
+            if keep {
+                s.ids = Some(ids.into());
+            }
+            s
+        };
         match &req.prompt {
-            PromptInput::Ids(ids) => tokens::shape_of_ids(ids, block, max_blocks),
+            PromptInput::Ids(ids) => {
+                let mut s = tokens::shape_of_ids(ids, block, max_blocks);
+                if keep {
+                    s.ids = Some(ids.as_slice().into());
+                }
+                s
+            }
             PromptInput::Text(t) => {
                 let tok = self
                     .tokenizers
@@ -124,11 +146,12 @@ impl Node {
                     .unwrap_or(&Tokenizer::Estimate);
                 // The model's chat template renders the exact prompt (what the engine
                 // sees), so no per-message allowance applies then.
-                if req.endpoint == Endpoint::ChatCompletions
-                    && let Some(s) =
-                        tokens::shape_of_chat(tok, &req.upstream_body, block, max_blocks)
-                {
-                    return s;
+                if req.endpoint == Endpoint::ChatCompletions {
+                    if let Some(ids) = tokens::ids_of_chat(tok, &req.upstream_body) {
+                        return exact(ids);
+                    }
+                } else if let Some(ids) = tokens::ids_of_text(tok, t) {
+                    return exact(ids);
                 }
                 let ratio = self
                     .text_ratio
@@ -144,10 +167,6 @@ impl Node {
         }
     }
 
-    /// [`Node::shape`], run on the blocking pool when the prompt is long text for a real
-    /// tokenizer (see [`OFFLOAD_TOKENIZE_BYTES`], [`OFFLOAD_HF_TOKENIZE_BYTES`]); inline
-    /// otherwise. Fails only when the blocking pool is gone (the node is shutting down)
-    /// or the tokenizer panicked.
     pub async fn shape_off_worker(
         self: &Arc<Self>,
         req: ParsedRequest,

@@ -159,6 +159,12 @@ async fn handle(
         let bytes = read_body(&node, &headers, body).await?;
         let parsed = request::parse(endpoint, &bytes, node.cfg.proxy.chunk_usage)?;
         let (parsed, shape) = node.shape_off_worker(parsed).await?;
+        let exact_cached = match &shape.ids {
+            Some(ids) => node
+                .kv
+                .exact_cached(&parsed.model, ids, &node.fleet.replicas()),
+            None => Vec::new(),
+        };
         let profile = RequestProfile {
             model: parsed.model.clone(),
             prompt_tokens: shape.tokens,
@@ -169,6 +175,7 @@ async fn handle(
             priority: tenant.priority,
             fallback: tenant.fallback,
             stream: parsed.stream,
+            exact_cached,
         };
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
         // The tenant's turn at the gate; the permit lives as long as the response body.
@@ -352,10 +359,15 @@ async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
                     "completed": r.ledger.completed(),
                 },
                 "peer_inflight": { "requests": peer.load.requests, "age_s": now - peer.updated_s },
+                "kv_events": node.kv.debug(r),
             })
         })
         .collect();
-    Json(json!({ "replicas": list, "prefix_index_entries": node.prefix.len() }))
+    Json(json!({
+        "replicas": list,
+        "prefix_index_entries": node.prefix.len(),
+        "kv_index": node.kv.index_debug(),
+    }))
 }
 
 async fn debug_cluster(State(node): State<Arc<Node>>) -> Json<Value> {

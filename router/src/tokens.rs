@@ -151,27 +151,41 @@ impl Tokenizer {
     }
 }
 
-/// Shape of a chat request rendered through the model's chat template, tokenized as
-/// vLLM tokenizes it. None when the tokenizer has no template or this request cannot
-/// be rendered exactly (media parts, a template that raises): the caller estimates.
+/// Token ids of a chat request rendered through the model's chat template, tokenized
+/// as vLLM tokenizes it. None when the tokenizer has no template or this request
+/// cannot be rendered exactly (media parts, a template that raises).
+pub fn ids_of_chat(tok: &Tokenizer, body: &[u8]) -> Option<Vec<u32>> {
+    let Tokenizer::Hf(h) = tok else {
+        return None;
+    };
+    let chat = h.chat.as_ref()?;
+    match chat.render_body(body) {
+        Ok((text, special)) => h.encode(&text, special),
+        Err(e) => {
+            tracing::debug!(template = %chat.source.display(), "chat prompt estimated: {e}");
+            None
+        }
+    }
+}
+
+/// Shape of a chat request from [`ids_of_chat`]; None when those are unknown: the
+/// caller estimates.
 pub fn shape_of_chat(
     tok: &Tokenizer,
     body: &[u8],
     block_tokens: usize,
     max_blocks: usize,
 ) -> Option<PromptShape> {
-    let Tokenizer::Hf(h) = tok else {
-        return None;
-    };
-    let chat = h.chat.as_ref()?;
-    match chat.render_body(body) {
-        Ok((text, special)) => h
-            .encode(&text, special)
-            .map(|ids| shape_of_ids(&ids, block_tokens, max_blocks)),
-        Err(e) => {
-            tracing::debug!(template = %chat.source.display(), "chat prompt estimated: {e}");
-            None
-        }
+    ids_of_chat(tok, body).map(|ids| shape_of_ids(&ids, block_tokens, max_blocks))
+}
+
+/// Token ids of a text prompt with a real tokenizer (None with the estimator).
+pub fn ids_of_text(tok: &Tokenizer, text: &str) -> Option<Vec<u32>> {
+    match tok {
+        Tokenizer::Bpe(bpe) => Some(bpe.encode_ordinary(text)),
+        // vLLM's completions path adds special tokens (BOS) to a text prompt.
+        Tokenizer::Hf(h) => h.encode(text, true),
+        Tokenizer::Estimate => None,
     }
 }
 
@@ -183,40 +197,25 @@ pub fn shape_of_text(
     max_blocks: usize,
     bytes_per_token: f64,
 ) -> PromptShape {
-    match tok {
-        Tokenizer::Bpe(bpe) => {
-            let ids = bpe.encode_ordinary(text);
-            shape_of_ids(&ids, block_tokens, max_blocks)
-        }
-        // vLLM's completions path adds special tokens (BOS) to a text prompt.
-        Tokenizer::Hf(h) => match h.encode(text, true) {
-            Some(ids) => shape_of_ids(&ids, block_tokens, max_blocks),
-            None => shape_of_text(
-                &Tokenizer::Estimate,
-                text,
-                block_tokens,
-                max_blocks,
-                bytes_per_token,
-            ),
-        },
-        Tokenizer::Estimate => {
-            let bytes = text.as_bytes();
-            let ratio = if bytes_per_token.is_finite() && bytes_per_token >= 0.5 {
-                bytes_per_token
-            } else {
-                EST_BYTES_PER_TOKEN
-            };
-            let tokens = (bytes.len() as f64 / ratio).ceil();
-            PromptShape {
-                tokens: tokens.min(u32::MAX as f64) as u32,
-                blocks: chain(
-                    bytes,
-                    block_tokens * EST_BLOCK_BYTES_PER_TOKEN,
-                    max_blocks,
-                    <[u8]>::to_vec,
-                ),
-            }
-        }
+    if let Some(ids) = ids_of_text(tok, text) {
+        return shape_of_ids(&ids, block_tokens, max_blocks);
+    }
+    let bytes = text.as_bytes();
+    let ratio = if bytes_per_token.is_finite() && bytes_per_token >= 0.5 {
+        bytes_per_token
+    } else {
+        EST_BYTES_PER_TOKEN
+    };
+    let tokens = (bytes.len() as f64 / ratio).ceil();
+    PromptShape {
+        tokens: tokens.min(u32::MAX as f64) as u32,
+        blocks: chain(
+            bytes,
+            block_tokens * EST_BLOCK_BYTES_PER_TOKEN,
+            max_blocks,
+            <[u8]>::to_vec,
+        ),
+        ids: None,
     }
 }
 

@@ -104,6 +104,35 @@ fn replicas(cfg: &RouterConfig, p: &mut Problems) {
         if r.max_batched_tokens == Some(0) {
             p.push(&format!("replicas[{i}].max_batched_tokens"), "must be > 0");
         }
+        if let Some(e) = &r.kv_events
+            && e != "discover"
+            && !is_zmq_tcp(e)
+        {
+            p.push(
+                &format!("replicas[{i}].kv_events"),
+                format!("= `{e}` must be `tcp://HOST:PORT` or `discover`"),
+            );
+        }
+        if let Some(e) = &r.kv_replay
+            && !is_zmq_tcp(e)
+        {
+            p.push(
+                &format!("replicas[{i}].kv_replay"),
+                format!("= `{e}` must be `tcp://HOST:PORT`"),
+            );
+        }
+        if r.kv_events.is_none() && (r.kv_replay.is_some() || r.kv_topic.is_some()) {
+            p.push(
+                &format!("replicas[{i}].kv_replay"),
+                "and kv_topic need kv_events",
+            );
+        }
+        if r.kv_block_size.is_some_and(|b| b == 0 || b > 65_536) {
+            p.push(
+                &format!("replicas[{i}].kv_block_size"),
+                "must be in 1..=65536",
+            );
+        }
     }
     if let Some(d) = &cfg.discovery {
         if d.name.trim().is_empty() || !d.name.contains(':') {
@@ -169,6 +198,21 @@ fn fleet(cfg: &RouterConfig, p: &mut Problems) {
         x.max_blocks_per_request as u64,
     );
     p.ms("predictor_publish_ms", cfg.predictor_publish_ms);
+    let k = &cfg.kv_events;
+    p.nonzero("kv_events.max_blocks", k.max_blocks as u64);
+    p.ms("kv_events.silence_timeout_ms", k.silence_timeout_ms);
+    p.ms("kv_events.replay_timeout_ms", k.replay_timeout_ms);
+    p.ms("kv_events.check_interval_ms", k.check_interval_ms);
+}
+
+/// `tcp://HOST:PORT` with a numeric port (what a ZMQ SUB can connect to; `*` is
+/// vLLM's bind-everywhere, not an address).
+fn is_zmq_tcp(e: &str) -> bool {
+    e.strip_prefix("tcp://")
+        .and_then(|hp| hp.rsplit_once(':'))
+        .is_some_and(|(h, port)| {
+            !h.is_empty() && h != "*" && port.parse::<u16>().is_ok_and(|p| p > 0)
+        })
 }
 
 fn proxy(cfg: &RouterConfig, p: &mut Problems) {
@@ -389,5 +433,29 @@ mod tests {
             c.admission.per_replica_in_flight = 16;
         });
         assert_eq!(ok, "");
+    }
+
+    #[test]
+    fn kv_event_sources_must_be_connectable() {
+        let with = |events: Option<&str>, replay: Option<&str>| {
+            problems(|c| {
+                c.replicas.push(crate::config::ReplicaConfig {
+                    url: "http://10.0.0.1:8000".into(),
+                    kv_events: events.map(str::to_string),
+                    kv_replay: replay.map(str::to_string),
+                    ..Default::default()
+                });
+                c.kv_events.max_blocks = 0;
+            })
+        };
+        let ok = with(Some("tcp://10.0.0.1:5557"), Some("tcp://10.0.0.1:5558"));
+        assert!(!ok.contains("replicas[0]"), "{ok}");
+        assert!(ok.contains("`kv_events.max_blocks`"), "{ok}");
+        assert!(!with(Some("discover"), None).contains("replicas[0]"));
+        let bad = with(Some("tcp://*:5557"), None);
+        assert!(bad.contains("`replicas[0].kv_events`"), "{bad}");
+        let bad = with(Some("zmq://h:1"), Some("h:2"));
+        assert!(bad.contains("`replicas[0].kv_replay`"), "{bad}");
+        assert!(with(None, Some("tcp://h:1")).contains("need kv_events"));
     }
 }

@@ -98,6 +98,10 @@ struct SimArgs {
     /// Repeatable.
     #[arg(long = "tenant-weight")]
     tenant_weights: Vec<String>,
+    /// Route on every engine's exact cached tokens (a precise KV-event feed)
+    /// instead of the router's approximate prefix index.
+    #[arg(long)]
+    precise_prefix: bool,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Parallel simulations (default: available cores).
@@ -193,6 +197,7 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         engine_files,
         seed: a.seed,
         rate_scale: a.rate_scale,
+        precise_prefix: a.precise_prefix,
         ..SimConfig::default()
     };
     let search = CapacitySearch::default();

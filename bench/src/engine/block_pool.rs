@@ -136,6 +136,14 @@ impl BlockPool {
         self.cached.len()
     }
 
+    /// Leading `hashes` cached now (what a prompt with them would hit).
+    pub(crate) fn cached_prefix(&self, hashes: &[u64]) -> u32 {
+        hashes
+            .iter()
+            .take_while(|h| self.cached.contains_key(h))
+            .count() as u32
+    }
+
     pub(crate) fn lookup(&self, hash: u64) -> Option<u32> {
         self.cached.get(&hash).copied()
     }

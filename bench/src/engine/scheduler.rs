@@ -160,6 +160,12 @@ impl Engine {
     }
 
     /// No request waiting or running.
+    /// Leading blocks of `block_hashes` in the prefix cache now: what the engine's
+    /// KV events would let a router know exactly.
+    pub fn cached_prefix_blocks(&self, block_hashes: &[u64]) -> u32 {
+        self.pool.cached_prefix(block_hashes)
+    }
+
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
     }

@@ -107,6 +107,10 @@ pub struct SimConfig {
     /// Tenants' admission limits by name (weight, band, rates, concurrency); others
     /// get the defaults (weight 1, no limits).
     pub tenant_limits: Vec<(String, headroom_core::admission::TenantLimits)>,
+    /// Precise prefix state: each decision knows every engine's exact cached tokens
+    /// for the prompt (what a `precise` KV-event feed gives the router, without the
+    /// events' delivery delay); off = the router's approximate prefix index alone.
+    pub precise_prefix: bool,
 }
 
 impl Default for SimConfig {
@@ -143,6 +147,7 @@ impl Default for SimConfig {
             rate_scale: 1.0,
             admission: Default::default(),
             tenant_limits: Vec::new(),
+            precise_prefix: false,
         }
     }
 }

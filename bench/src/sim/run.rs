@@ -21,8 +21,8 @@ use headroom_core::{
     ledger::{Booking, Load},
     lifecycle::{self, Admission, Admit, DeferLimits, Finished, Reported},
     policy::{
-        self, PolicyName, PolicySettings, RequestProfile, Slo, candidates::CandidateParams,
-        features,
+        self, ExactCached, PolicyName, PolicySettings, RequestProfile, Slo,
+        candidates::CandidateParams, features,
     },
     prefix::PrefixIndex,
     scraped::{EngineKind, Scraped},
@@ -407,6 +407,7 @@ impl<'w> Simulator<'w> {
             priority: 0,
             fallback: self.cfg.fallback,
             stream: true,
+            exact_cached: Vec::new(),
         };
         let limits = DeferLimits {
             budget: self.cfg.slo.defer_budget,
@@ -517,6 +518,25 @@ impl<'w> Simulator<'w> {
         let Some(prep) = self.prepared[i].as_mut() else {
             return;
         };
+        if self.cfg.precise_prefix {
+            let bs = self.profiles[0].block_size.max(1);
+            let prompt = prep.profile.prompt_tokens;
+            let views = &self.nodes[prep.node].views;
+            prep.profile.exact_cached = self
+                .replicas
+                .iter()
+                .zip(views.iter())
+                .map(|(rep, v)| {
+                    let blocks = rep.engine.cached_prefix_blocks(&prep.engine_hashes);
+                    ExactCached {
+                        replica: v.id,
+                        // vLLM's rule: whole blocks, never the prompt's last token.
+                        tokens: blocks.min(prompt.saturating_sub(1) / bs) * bs,
+                        complete: true,
+                    }
+                })
+                .collect();
+        }
         let node_ix = prep.node;
         let node = &mut self.nodes[node_ix];
         let inputs = RouteInputs {

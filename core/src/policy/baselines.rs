@@ -205,6 +205,7 @@ mod tests {
             priority: 0,
             fallback: Default::default(),
             stream: true,
+            exact_cached: Vec::new(),
         }
     }
 

@@ -110,8 +110,32 @@ pub fn build_candidates<'a, R: ReplicaView>(
     Ok(out)
 }
 
-/// Sets each candidate's `cached_tokens` from the prefix index.
+/// Sets each candidate's `cached_tokens` from the prefix index, then from the
+/// engine's own KV events where the host has them (`req.exact_cached`).
 pub fn fill_prefix_matches(
+    req: &RequestProfile,
+    cands: &mut [Candidate<'_>],
+    prefix: &PrefixIndex,
+    block_tokens: u32,
+) {
+    estimate_prefix_matches(req, cands, prefix, block_tokens);
+    if req.exact_cached.is_empty() {
+        return;
+    }
+    for c in cands.iter_mut() {
+        let id = c.replica.id();
+        if let Some(e) = req.exact_cached.iter().find(|e| e.replica == id) {
+            c.cached_tokens = if e.complete {
+                e.tokens
+            } else {
+                e.tokens.max(c.cached_tokens)
+            };
+        }
+    }
+}
+
+/// The prefix index's estimate of each candidate's `cached_tokens`.
+fn estimate_prefix_matches(
     req: &RequestProfile,
     cands: &mut [Candidate<'_>],
     prefix: &PrefixIndex,
@@ -197,6 +221,54 @@ mod tests {
         cands[0].scraped = None;
         fill_prefix_matches(&req, &mut cands, &prefix, 16);
         assert_eq!(cands[0].cached_tokens, 95);
+    }
+
+    #[test]
+    fn engine_event_counts_replace_the_estimate_and_bound_it_while_recovering() {
+        use crate::policy::ExactCached;
+        let (a, b, c) = (
+            testkit::replica(0),
+            testkit::replica(1),
+            testkit::replica(2),
+        );
+        let prefix = PrefixIndex::new(1024);
+        let blocks: Vec<u64> = (1..=6).collect();
+        // The estimate believes every replica holds 4 router blocks (64 tokens).
+        for r in [&a, &b, &c] {
+            prefix.record(&r.prefix_cursor, r.id, &blocks[..4], 0);
+        }
+        let mut req = testkit::req(96);
+        req.blocks = blocks;
+        req.exact_cached = vec![
+            // Precise: the engine evicted them, the count is what it will report.
+            ExactCached {
+                replica: a.id,
+                tokens: 0,
+                complete: true,
+            },
+            // Recovering: a lower bound; the estimate is larger, so it stands.
+            ExactCached {
+                replica: b.id,
+                tokens: 32,
+                complete: false,
+            },
+        ];
+        let mut cands: Vec<_> = [&a, &b, &c]
+            .iter()
+            .map(|r| testkit::cand_s(r, 0, Load::default(), testkit::scraped(0.0, 0.0, 0.1)))
+            .collect();
+        fill_prefix_matches(&req, &mut cands, &prefix, 16);
+        assert_eq!(cands[0].cached_tokens, 0);
+        assert_eq!(cands[1].cached_tokens, 64);
+        assert_eq!(cands[2].cached_tokens, 64, "no events: the estimate");
+        // A recovering count above the estimate wins; exact counts apply without blocks.
+        req.exact_cached[1].tokens = 80;
+        fill_prefix_matches(&req, &mut cands, &prefix, 16);
+        assert_eq!(cands[1].cached_tokens, 80);
+        req.blocks.clear();
+        req.exact_cached[0].tokens = 48;
+        fill_prefix_matches(&req, &mut cands, &prefix, 16);
+        assert_eq!(cands[0].cached_tokens, 48);
     }
 
     #[test]

@@ -56,6 +56,22 @@ pub struct RequestProfile {
     pub priority: i32,
     pub fallback: Fallback,
     pub stream: bool,
+    /// Cached-token counts the host knows from the engines' own KV events, per
+    /// replica; they replace the prefix index's estimate for those replicas.
+    pub exact_cached: Vec<ExactCached>,
+}
+
+/// One replica's cached tokens for a prompt, from its KV events (whole engine blocks,
+/// never the prompt's last token: what the engine will report as `cached_tokens`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactCached {
+    /// The replica's [`crate::view::ReplicaView::id`].
+    pub replica: u32,
+    pub tokens: u32,
+    /// The replica's events are complete (`precise`); otherwise (`recovering`, the
+    /// index holds a subset) the count is a lower bound and the larger of it and the
+    /// prefix index's estimate is used.
+    pub complete: bool,
 }
 
 /// One eligible replica as the policy sees it.

@@ -4,6 +4,7 @@
 //! `ArcSwap`/atomic cells; background tasks (scrape, probe, models, DNS) write them.
 
 pub mod health;
+pub mod kv_feed;
 pub mod replica;
 pub mod scrape;
 pub mod tasks;

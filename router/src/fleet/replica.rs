@@ -29,6 +29,8 @@ pub struct Replica {
     pub health: Health,
     /// In-flight work of other router nodes here, as last gossiped.
     pub peer_load: ArcSwap<PeerLoad>,
+    /// Where its KV-cache events come from, when configured.
+    pub kv: Option<super::kv_feed::KvSource>,
 }
 
 impl Replica {
@@ -63,6 +65,7 @@ impl Replica {
             models: ArcSwap::from_pointee(ServedModels::default()),
             health: Health::default(),
             peer_load: ArcSwap::from_pointee(PeerLoad::default()),
+            kv: super::kv_feed::KvSource::of(rc),
         })
     }
 

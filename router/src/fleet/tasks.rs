@@ -206,6 +206,7 @@ pub async fn dns_loop(fleet: Arc<Fleet>, d: DnsDiscovery, token: CancellationTok
                         class: d.class.clone(),
                         region: None,
                         max_batched_tokens: None,
+                        ..Default::default()
                     };
                     if let Err(e) = fleet.add(&rc, Origin::Dns) {
                         tracing::warn!("DNS replica {url}: {e}");

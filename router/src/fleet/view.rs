@@ -126,6 +126,15 @@ impl Fleet {
         self.share.read().clone()
     }
 
+    /// Runs a background task until the fleet shuts down (it gets a child of the
+    /// fleet's token and is awaited by [`Fleet::shutdown`]).
+    pub fn spawn_task<F>(&self, make: impl FnOnce(CancellationToken) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tracker.spawn(make(self.cancel.child_token()));
+    }
+
     /// Starts DNS discovery if configured.
     pub fn start_discovery(self: &Arc<Self>) {
         if let Some(d) = self.cfg.discovery.clone() {

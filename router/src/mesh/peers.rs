@@ -149,6 +149,7 @@ mod tests {
                     class: None,
                     region: None,
                     max_batched_tokens: None,
+                    ..Default::default()
                 },
             )
             .unwrap(),

@@ -21,7 +21,7 @@ use rand::Rng;
 use headroom_core::lifecycle::{self, Admission, Admit, DeferLimits};
 
 use crate::{
-    PROMPT_TOKENS_HEADER, REPLICA_HEADER, clock,
+    CACHED_SOURCE_HEADER, CACHED_TOKENS_HEADER, PROMPT_TOKENS_HEADER, REPLICA_HEADER, clock,
     decide::{self, RouteInputs, RoutedTarget},
     error::ApiError,
     fleet::{Replica, Signal},
@@ -261,6 +261,8 @@ pub async fn forward(
                 if let Some(mesh) = node.mesh.get() {
                     mesh.note_prefix(r.key, &profile.blocks);
                 }
+                node.kv
+                    .sent(r.id, profile.prompt_tokens, target.routed.cached_tokens);
                 let track = Tracking {
                     node: node.clone(),
                     replica: r.clone(),
@@ -276,7 +278,7 @@ pub async fn forward(
                     learn: Some(target.routed.learn),
                     ttft_learned: false,
                 };
-                return Ok(respond(
+                let mut out = respond(
                     &node,
                     resp,
                     first,
@@ -284,7 +286,11 @@ pub async fn forward(
                     track,
                     fallback,
                     profile.prompt_tokens,
-                ));
+                );
+                if node.cfg.prediction_headers {
+                    cached_headers(out.headers_mut(), &profile, r.id, &target.routed);
+                }
+                return Ok(out);
             }
             Err(AttemptError::Retry(why, resp)) => {
                 drop(booking);
@@ -316,6 +322,17 @@ pub async fn forward(
     let mut e = ApiError::upstream(format!("every replica tried failed ({last_reason})"));
     e.replica = targets.last().map(|t| t.replica.name.clone());
     Err(e)
+}
+
+/// What the router believed the chosen replica had cached, and from what source.
+fn cached_headers(h: &mut HeaderMap, profile: &RequestProfile, id: u32, t: &RoutedTarget) {
+    let source = match profile.exact_cached.iter().find(|e| e.replica == id) {
+        Some(e) if e.complete => "precise",
+        Some(_) => "recovering",
+        None => "approximate",
+    };
+    h.insert(CACHED_TOKENS_HEADER, HeaderValue::from(t.cached_tokens));
+    h.insert(CACHED_SOURCE_HEADER, HeaderValue::from_static(source));
 }
 
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, drop_length: bool) {

@@ -287,6 +287,7 @@ pub async fn router(
             class: None,
             region: None,
             max_batched_tokens: None,
+            ..Default::default()
         });
     }
     tweak(&mut cfg);

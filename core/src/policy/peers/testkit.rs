@@ -91,6 +91,7 @@ pub fn req(prompt: u32) -> RequestProfile {
         priority: 0,
         fallback: Default::default(),
         stream: true,
+        exact_cached: Vec::new(),
     }
 }
 
