@@ -238,6 +238,9 @@ pub struct ProxyConfig {
     /// again unless the client asked): the token count of each chunk, without which
     /// TPOT can only be measured when every chunk holds one token.
     pub chunk_usage: bool,
+    /// Continuations one stream may get when a replica breaks it after its first byte
+    /// (`proxy/failover.rs`); 0 turns mid-stream failover off for every tenant.
+    pub failover_attempts: u32,
 }
 
 impl Default for ProxyConfig {
@@ -250,6 +253,7 @@ impl Default for ProxyConfig {
             idle_timeout_ms: 60_000,
             retry_backoff_ms: 10,
             chunk_usage: true,
+            failover_attempts: 2,
         }
     }
 }
@@ -330,6 +334,14 @@ pub struct TenantConfig {
     pub priority: i32,
     #[serde(default)]
     pub fallback: Fallback,
+    /// Continue this tenant's streams on another replica when one breaks them
+    /// mid-stream (where the continuation is well defined: `proxy/failover.rs`).
+    #[serde(default = "default_failover")]
+    pub failover: bool,
+}
+
+fn default_failover() -> bool {
+    true
 }
 
 fn default_ttft_ms() -> f64 {
@@ -356,6 +368,7 @@ impl TenantConfig {
             min_tpot_ms: default_min_tpot_ms(),
             priority: 0,
             fallback: Fallback::LeastBad,
+            failover: default_failover(),
         }
     }
 }

@@ -171,7 +171,8 @@ async fn handle(
             stream: parsed.stream,
         };
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
-        proxy::forward(node.clone(), parsed, profile, upstream, arrived).await
+        let failover = tenant.failover;
+        proxy::forward(node.clone(), parsed, profile, upstream, arrived, failover).await
     }
     .await;
     match result {

@@ -25,6 +25,8 @@ pub struct TenantClass {
     pub slo: Slo,
     pub priority: i32,
     pub fallback: Fallback,
+    /// Streams may fail over mid-stream (`proxy/failover.rs`).
+    pub failover: bool,
 }
 
 /// One generation of the tenant table (swapped whole on reload).
@@ -161,6 +163,7 @@ impl Tenants {
             },
             priority: t.priority,
             fallback: t.fallback,
+            failover: t.failover,
         })
     }
 }
@@ -196,6 +199,7 @@ mod tests {
             min_tpot_ms: 10.0,
             priority: 5,
             fallback: Fallback::Reject,
+            failover: true,
         }])
     }
 
