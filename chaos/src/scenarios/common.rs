@@ -248,3 +248,85 @@ pub fn balanced_before(f: &Finished<'_>) -> Check {
         ),
     )
 }
+
+/// Longest pause a failed-over stream may show the client (s): the continuation's
+/// routing, connect and prefill on a loopback emulator take well under this.
+pub const FAILOVER_PAUSE_BOUND_S: f64 = 2.0;
+
+/// The sum over live nodes of one counter line in their `/metrics` (e.g.
+/// `headroom_failover_total{outcome="resumed"}`).
+pub fn metric_sum(f: &Finished<'_>, line: &str) -> f64 {
+    f.metrics
+        .iter()
+        .flatten()
+        .flat_map(|m| m.lines())
+        .filter_map(|l| l.strip_prefix(line))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// Mid-stream failover held: every stream in `cut` (broken on `replica` after its
+/// first token) completed whole, the pause it showed stayed within the bound, and the
+/// nodes counted the continuations.
+pub fn failover_checks(f: &Finished<'_>, replica: &str, cut: &[&Record]) -> Vec<Check> {
+    let whole = cut
+        .iter()
+        .filter(|r| r.class == EndClass::Ok && r.violations.is_empty())
+        .count();
+    let pct = if cut.is_empty() {
+        0.0
+    } else {
+        100.0 * whole as f64 / cut.len() as f64
+    };
+    let mut out = vec![Check::new(
+        &format!("every stream cut on {replica} completed whole by failover"),
+        !cut.is_empty() && whole == cut.len(),
+        format!(
+            "{whole} of {} cut streams completed ({pct:.0}%), each with all its max_tokens, one id, one [DONE]",
+            cut.len()
+        ),
+    )];
+    let cut_ids: std::collections::BTreeSet<u64> = cut.iter().map(|r| r.id).collect();
+    let pauses: Vec<f64> = cut.iter().filter_map(|r| r.max_gap_s).collect();
+    let normal: Vec<f64> = f
+        .records
+        .iter()
+        .filter(|r| r.class == EndClass::Ok && !cut_ids.contains(&r.id))
+        .filter_map(|r| r.max_gap_s)
+        .collect();
+    let worst = pauses
+        .iter()
+        .copied()
+        .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+    let (p50, base) = (median(pauses), median(normal));
+    let mut pause = check::within(
+        "the longest pause a failed-over stream showed",
+        "longest pause",
+        worst,
+        FAILOVER_PAUSE_BOUND_S,
+    );
+    pause.detail = format!(
+        "{}; median longest pause {} ms in failed-over streams vs {} ms in the others (added ≈ {} ms)",
+        pause.detail,
+        p50.map_or("-".into(), |v| format!("{:.0}", v * 1e3)),
+        base.map_or("-".into(), |v| format!("{:.0}", v * 1e3)),
+        match (p50, base) {
+            (Some(a), Some(b)) => format!("{:.0}", (a - b) * 1e3),
+            _ => "-".into(),
+        }
+    );
+    out.push(pause);
+    let resumed = metric_sum(f, "headroom_failover_total{outcome=\"resumed\"}");
+    let failed = metric_sum(f, "headroom_failover_total{outcome=\"failed\"}");
+    out.push(Check::new(
+        "the nodes counted a continuation for each cut stream",
+        resumed >= cut.len() as f64 && failed == 0.0,
+        format!("headroom_failover_total: resumed {resumed}, failed {failed}"),
+    ));
+    out
+}
