@@ -2,8 +2,9 @@
 //!
 //! A request is retried on another candidate (bounded, jittered) when the replica
 //! refuses the connection, answers 5xx or 429, or sends nothing before the first-byte
-//! timeout — always before the client has seen a byte. After that, failures end the
-//! stream with an SSE error event (see `body`), never with duplicated output.
+//! timeout — always before the client has seen a byte. After that, a broken stream
+//! continues on another replica where that is well defined (`failover`), else ends
+//! with an SSE error event (see `body`), never with duplicated output.
 
 pub mod body;
 pub mod failover;
