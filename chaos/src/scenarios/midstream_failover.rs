@@ -43,7 +43,8 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
                 .is_some_and(|t| t >= fault + 0.05 && t < until)
         })
         .collect();
-    out.extend(failover_checks(f, FAULTY_NAME, &cut));
+    // Streams admitted there just before the fault are judged too but were not cut.
+    out.extend(failover_checks(f, FAULTY_NAME, &cut, 1));
     let ejected = health_trace(f.samples, 0, FAULTY_NAME, fault, None).ejected_s;
     out.push(Check::new(
         &format!("{FAULTY_NAME} ejected while it broke streams, though its /health answered"),

@@ -31,7 +31,9 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
         }
         Err(e) => return ctx.fail(format!("killing {FAULTY_NAME}: {e}")),
     }
-    ctx.log.settle_s = ctx.now_s() + ctx.plan.cluster.timings.ejection_bound_s();
+    // Nothing may fail even during the kill: cut streams fail over, and requests that
+    // had no byte yet are retried elsewhere.
+    ctx.log.settle_s = at;
     ctx.at(recover_s).await;
     match ctx.cluster.restart_replica(FAULTY).await {
         Ok(()) => {
@@ -47,7 +49,8 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
     let mut out = Vec::new();
     if let Some(at) = f.log.fault_s {
         let cut = streams_cut_at(f, FAULTY_NAME, at);
-        out.extend(failover_checks(f, FAULTY_NAME, &cut));
+        // Each was cut by the kill: each needed its own continuation.
+        out.extend(failover_checks(f, FAULTY_NAME, &cut, cut.len().max(1)));
     }
     out.push(ejected_check(f, FAULTY_NAME, f.log.fault_s));
     out.push(readmitted_check(
