@@ -32,6 +32,9 @@ enum Break {
     Reset,
     /// An SSE error event and `[DONE]` after two content chunks (the emulator's fault).
     ErrorEvent,
+    /// The whole stream, `[DONE]` included, then the connection stays open past the
+    /// router's idle timeout.
+    HangAfterDone,
 }
 
 /// A replica that breaks streams while the shared `breaks` count lasts and serves the
@@ -97,7 +100,8 @@ async fn complete(State(s): State<St>, chat: bool, body: Bytes) -> Response {
     let breaking = s
         .breaks
         .fetch_update(SeqCst, SeqCst, |b| b.checked_sub(1))
-        .is_ok();
+        .is_ok()
+        && s.how != Break::HangAfterDone;
     let mut items: Vec<Result<Bytes, std::io::Error>> = Vec::new();
     let shown = if breaking { 2.min(n) } else { n };
     for i in 0..shown {
@@ -107,6 +111,7 @@ async fn complete(State(s): State<St>, chat: bool, body: Bytes) -> Response {
     if breaking {
         match s.how {
             Break::Reset => items.push(Err(std::io::Error::other("replica died"))),
+            Break::HangAfterDone => {}
             Break::ErrorEvent => {
                 items.push(Ok(Bytes::from(
                     "data: {\"error\":{\"message\":\"engine died\",\"code\":500}}\n\ndata: [DONE]\n\n",
@@ -122,10 +127,18 @@ async fn complete(State(s): State<St>, chat: bool, body: Bytes) -> Response {
         }
         items.push(Ok(Bytes::from("data: [DONE]\n\n")));
     }
-    let body = stream::iter(items).then(|x| async move {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        x
-    });
+    let hang = s.how == Break::HangAfterDone;
+    let body = stream::iter(items)
+        .then(|x| async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            x
+        })
+        .chain(stream::once(async move {
+            if hang {
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+            }
+            Ok(Bytes::new())
+        }));
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(body))
@@ -378,4 +391,32 @@ async fn a_stream_cut_twice_is_continued_twice_within_the_budget() {
         metric(&r, "headroom_failover_total{outcome=\"resumed\"}").await,
         2.0
     );
+}
+
+#[tokio::test]
+async fn a_finished_stream_whose_connection_lingers_ends_once() {
+    let (a, b) = pair(Break::HangAfterDone).await;
+    let r = router(
+        &[format!("http://{}", a.addr), format!("http://{}", b.addr)],
+        PolicyName::RoundRobin,
+        |c| c.proxy.idle_timeout_ms = 500,
+    )
+    .await;
+    let resp = client()
+        .post(r.url("/v1/completions"))
+        .json(
+            &json!({"model":"m","prompt":"p","max_tokens":3,"stream":true,
+            "stream_options":{"include_usage":true}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let evs = events(resp).await;
+    assert_eq!(text_of(&evs), " w0 w1 w2");
+    assert_eq!(evs.iter().filter(|e| *e == "[DONE]").count(), 1, "{evs:?}");
+    assert_eq!(evs.last().unwrap(), "[DONE]");
+    let usage = evs.iter().filter(|e| e["usage"].is_object()).count();
+    assert_eq!(usage, 1, "{evs:?}");
+    let sent = a.bodies.lock().unwrap().len() + b.bodies.lock().unwrap().len();
+    assert_eq!(sent, 1, "nothing to continue");
 }

@@ -331,7 +331,9 @@ impl TrackedBody {
         let (Some(f), Mode::Stream(sc)) = (self.failover.as_mut(), &mut self.mode) else {
             return AfterCut::No;
         };
-        let Some(t) = sc.transcript.as_ref() else {
+        // A stream that already ended (`[DONE]` passed) has nothing to continue: its
+        // connection merely failed to close.
+        let Some(t) = sc.transcript.as_ref().filter(|_| !sc.done) else {
             return AfterCut::No;
         };
         let before = f.splice.as_ref().map_or(0, |s| s.tokens_before);
