@@ -48,9 +48,16 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
 pub fn checks(f: &Finished<'_>) -> Vec<Check> {
     let mut out = Vec::new();
     if let Some(at) = f.log.fault_s {
-        let cut = streams_cut_at(f, FAULTY_NAME, at);
-        // Each was cut by the kill: each needed its own continuation.
-        out.extend(failover_checks(f, FAULTY_NAME, &cut, cut.len().max(1)));
+        // Every stream open there at the kill, including those whose last tokens raced
+        // it (`streams_cut_at` leaves those out): each must have completed whole.
+        let open: Vec<_> = f
+            .records
+            .iter()
+            .filter(|r| r.replica.as_deref() == Some(FAULTY_NAME))
+            .filter(|r| r.first_token_s.is_some_and(|t| t < at) && r.end_s >= at)
+            .collect();
+        let cut = streams_cut_at(f, FAULTY_NAME, at).len();
+        out.extend(failover_checks(f, FAULTY_NAME, &open, cut.max(1)));
     }
     out.push(ejected_check(f, FAULTY_NAME, f.log.fault_s));
     out.push(readmitted_check(
