@@ -102,6 +102,9 @@ pub struct Record {
     pub headers_s: Option<f64>,
     pub first_token_s: Option<f64>,
     pub last_token_s: Option<f64>,
+    /// Longest pause between two content events of a stream (s): where a mid-stream
+    /// failover shows.
+    pub max_gap_s: Option<f64>,
     pub end_s: f64,
     /// Node that answered (index into the scenario's router list).
     pub node: Option<usize>,
@@ -188,6 +191,7 @@ pub async fn run_request(
         headers_s: None,
         first_token_s: None,
         last_token_s: None,
+        max_gap_s: None,
         end_s: 0.0,
         node: None,
         attempts: 0,
@@ -305,9 +309,13 @@ async fn read_answer(
                         let now = since(t0, Instant::now());
                         let facts = &mut rec.facts;
                         let (first, last) = (&mut rec.first_token_s, &mut rec.last_token_s);
+                        let gap = &mut rec.max_gap_s;
                         scanner.feed(d, |ev| {
                             if facts.event(ev) {
                                 first.get_or_insert(now);
+                                if let Some(l) = *last {
+                                    *gap = Some(gap.unwrap_or(0.0).max(now - l));
+                                }
                                 *last = Some(now);
                             }
                         });

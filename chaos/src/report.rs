@@ -65,7 +65,7 @@ pub fn markdown(r: &RunReport) -> String {
     );
     let _ = writeln!(
         s,
-        "| scenario | verdict | checks passed | requests | outcomes | e2e p50 / p99 (s) | wall (s) |"
+        "| scenario | verdict | checks passed | requests sent / answered whole | outcomes | e2e p50 / p99 (s) | wall (s) |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for sc in &r.scenarios {
@@ -78,11 +78,12 @@ pub fn markdown(r: &RunReport) -> String {
             .join(", ");
         let _ = writeln!(
             s,
-            "| {} | {} | {passed}/{} | {} | {outcomes} | {} / {} | {:.1} |",
+            "| {} | {} | {passed}/{} | {} / {} | {outcomes} | {} / {} | {:.1} |",
             sc.name,
             verdict(sc.pass),
             sc.checks.len(),
             sc.requests,
+            sc.answered,
             fmt_opt(sc.e2e_p50_s),
             fmt_opt(sc.e2e_p99_s),
             sc.wall_s

@@ -18,6 +18,8 @@ pub struct RouterTimings {
     pub first_byte_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub retries: u32,
+    /// Continuations a stream cut mid-way may get (0: mid-stream failover off).
+    pub failover_attempts: u32,
     pub scrape_interval_ms: u64,
     pub scrape_timeout_ms: u64,
     pub stale_after_ms: u64,
@@ -35,6 +37,7 @@ impl Default for RouterTimings {
             first_byte_timeout_ms: 3_000,
             idle_timeout_ms: 2_000,
             retries: 2,
+            failover_attempts: 2,
             scrape_interval_ms: 100,
             scrape_timeout_ms: 300,
             stale_after_ms: 1_000,
@@ -50,7 +53,7 @@ impl RouterTimings {
             "[health]\nprobe_interval_ms = {}\nprobe_timeout_ms = {}\neject_after_failures = {}\n\
              backoff_initial_ms = {}\nbackoff_max_ms = {}\n\n\
              [proxy]\nconnect_timeout_ms = {}\nfirst_byte_timeout_ms = {}\nidle_timeout_ms = {}\n\
-             retries = {}\n\n\
+             retries = {}\nfailover_attempts = {}\n\n\
              [scrape]\ninterval_ms = {}\ntimeout_ms = {}\nstale_after_ms = {}\n",
             self.probe_interval_ms,
             self.probe_timeout_ms,
@@ -61,6 +64,7 @@ impl RouterTimings {
             self.first_byte_timeout_ms,
             self.idle_timeout_ms,
             self.retries,
+            self.failover_attempts,
             self.scrape_interval_ms,
             self.scrape_timeout_ms,
             self.stale_after_ms,

@@ -213,6 +213,9 @@ pub struct ScenarioReport {
     pub timeline: Vec<Event>,
     pub fault: FaultLog,
     pub requests: usize,
+    /// Requests answered with their whole result (the rest: refused, errors, cut,
+    /// abandoned by plan — see `outcomes`).
+    pub answered: usize,
     pub outcomes: BTreeMap<String, usize>,
     pub e2e_p50_s: Option<f64>,
     pub e2e_p99_s: Option<f64>,
@@ -241,6 +244,7 @@ pub async fn run(sc: Scenario, opts: &RunOptions) -> ScenarioReport {
         timeline: Vec::new(),
         fault: FaultLog::default(),
         requests: 0,
+        answered: 0,
         outcomes: BTreeMap::new(),
         e2e_p50_s: None,
         e2e_p99_s: None,
@@ -343,6 +347,7 @@ pub async fn run(sc: Scenario, opts: &RunOptions) -> ScenarioReport {
     report.timeline = timeline;
     report.fault = log;
     report.requests = records.len();
+    report.answered = records.iter().filter(|r| r.class == EndClass::Ok).count();
     report.outcomes = check::class_counts(records)
         .into_iter()
         .map(|(k, v)| (class_name(k), v))

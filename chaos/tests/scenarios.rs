@@ -67,7 +67,10 @@ fn assert_passed(r: &ScenarioReport) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_killed_mid_stream() {
-    assert_passed(&short_run(Scenario::ReplicaKill, 5.0).await);
+    let r = short_run(Scenario::ReplicaKill, 5.0).await;
+    assert_passed(&r);
+    // Its cut streams failed over: every request sent got its whole answer.
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,6 +87,14 @@ async fn replica_slows_down_threefold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_breaks_streams_midway() {
     assert_passed(&short_run(Scenario::MidstreamErrors, 5.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_breaks_streams_midway_and_they_fail_over() {
+    let r = short_run(Scenario::MidstreamFailover, 5.0).await;
+    assert_passed(&r);
+    // Nothing lost: every request sent got its whole answer.
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

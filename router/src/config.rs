@@ -306,6 +306,9 @@ pub struct ProxyConfig {
     /// again unless the client asked): the token count of each chunk, without which
     /// TPOT can only be measured when every chunk holds one token.
     pub chunk_usage: bool,
+    /// Continuations one stream may get when a replica breaks it after its first byte
+    /// (`proxy/failover.rs`); 0 turns mid-stream failover off for every tenant.
+    pub failover_attempts: u32,
 }
 
 impl Default for ProxyConfig {
@@ -318,6 +321,7 @@ impl Default for ProxyConfig {
             idle_timeout_ms: 60_000,
             retry_backoff_ms: 10,
             chunk_usage: true,
+            failover_attempts: 2,
         }
     }
 }
@@ -437,10 +441,18 @@ pub struct TenantConfig {
     /// Requests running at once (0 = unlimited); beyond it they wait, then 429.
     #[serde(default)]
     pub max_concurrency: u32,
+    /// Continue this tenant's streams on another replica when one breaks them
+    /// mid-stream (where the continuation is well defined: `proxy/failover.rs`).
+    #[serde(default = "default_failover")]
+    pub failover: bool,
 }
 
 fn default_weight() -> f64 {
     1.0
+}
+
+fn default_failover() -> bool {
+    true
 }
 
 fn default_ttft_ms() -> f64 {
@@ -471,6 +483,7 @@ impl TenantConfig {
             rpm: 0.0,
             tpm: 0.0,
             max_concurrency: 0,
+            failover: default_failover(),
         }
     }
 

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub tpot: HistogramVec,
     pub e2e: HistogramVec,
     pub retries: IntCounterVec,
+    /// Streams cut after their first byte, by what became of them (`proxy/failover.rs`).
+    pub failover: IntCounterVec,
+    /// From the cut to the continuation's first byte.
+    pub failover_seconds: HistogramVec,
     pub upstream_errors: IntCounterVec,
     pub ejections: IntCounterVec,
     pub healthy: IntGaugeVec,
@@ -110,6 +114,23 @@ impl Metrics {
                     "headroom_retries_total",
                     "Attempts moved to another replica before the first byte.",
                     &["reason"],
+                ),
+            ),
+            failover: reg(
+                &r,
+                c(
+                    "headroom_failover_total",
+                    "Streams cut after their first byte: resumed (continued on another replica), finished (cut after the last token), ineligible, or failed (no replica could continue).",
+                    &["outcome"],
+                ),
+            ),
+            failover_seconds: reg(
+                &r,
+                h(
+                    "headroom_failover_seconds",
+                    "Cut to the continuation's first byte (the pause the client saw).",
+                    LATENCY_BUCKETS,
+                    &[],
                 ),
             ),
             upstream_errors: reg(

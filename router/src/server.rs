@@ -180,7 +180,9 @@ async fn handle(
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
         // The tenant's turn at the gate; the permit lives as long as the response body.
         let permit = admission::admit(&node, &tenant, &profile, arrived).await?;
-        let resp = proxy::forward(node.clone(), parsed, profile, upstream, arrived).await?;
+        let failover = tenant.failover;
+        let resp =
+            proxy::forward(node.clone(), parsed, profile, upstream, arrived, failover).await?;
         Ok::<_, ApiError>(admission::PermitBody::wrap(resp, permit))
     }
     .await;

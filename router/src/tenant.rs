@@ -27,6 +27,8 @@ pub struct TenantClass {
     pub fallback: Fallback,
     /// What the admission gate holds it to (weight, rates, concurrency).
     pub limits: headroom_core::admission::TenantLimits,
+    /// Streams may fail over mid-stream (`proxy/failover.rs`).
+    pub failover: bool,
 }
 
 /// One generation of the tenant table (swapped whole on reload).
@@ -164,6 +166,7 @@ impl Tenants {
             priority: t.priority,
             fallback: t.fallback,
             limits: t.limits(),
+            failover: t.failover,
         })
     }
 }

@@ -229,6 +229,12 @@ fn proxy(cfg: &RouterConfig, p: &mut Problems) {
             format!("= {} must be in 0..={MAX_RETRIES}", x.retries),
         );
     }
+    if x.failover_attempts > MAX_RETRIES {
+        p.push(
+            "proxy.failover_attempts",
+            format!("= {} must be in 0..={MAX_RETRIES}", x.failover_attempts),
+        );
+    }
     p.ms("proxy.connect_timeout_ms", x.connect_timeout_ms);
     p.ms("proxy.first_byte_timeout_ms", x.first_byte_timeout_ms);
     p.ms("proxy.idle_timeout_ms", x.idle_timeout_ms);

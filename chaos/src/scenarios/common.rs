@@ -248,3 +248,92 @@ pub fn balanced_before(f: &Finished<'_>) -> Check {
         ),
     )
 }
+
+/// Longest pause a failed-over stream may show the client (s): the continuation's
+/// routing, connect and prefill on a loopback emulator take well under this.
+pub const FAILOVER_PAUSE_BOUND_S: f64 = 2.0;
+
+/// The sum over live nodes of one counter line in their `/metrics` (e.g.
+/// `headroom_failover_total{outcome="resumed"}`).
+pub fn metric_sum(f: &Finished<'_>, line: &str) -> f64 {
+    f.metrics
+        .iter()
+        .flatten()
+        .flat_map(|m| m.lines())
+        .filter_map(|l| l.strip_prefix(line))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b)
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// Mid-stream failover held: every stream in `cut` (begun on `replica` and broken
+/// there, or at risk of it) completed whole, the pause it showed stayed within the
+/// bound, and the nodes counted at least `min_resumed` continuations and no failed one.
+pub fn failover_checks(
+    f: &Finished<'_>,
+    replica: &str,
+    cut: &[&Record],
+    min_resumed: usize,
+) -> Vec<Check> {
+    let whole = cut
+        .iter()
+        .filter(|r| r.class == EndClass::Ok && r.violations.is_empty())
+        .count();
+    let pct = if cut.is_empty() {
+        0.0
+    } else {
+        100.0 * whole as f64 / cut.len() as f64
+    };
+    let mut out = vec![Check::new(
+        &format!("every stream cut on {replica} completed whole by failover"),
+        !cut.is_empty() && whole == cut.len(),
+        format!(
+            "{whole} of {} cut streams completed ({pct:.0}%), each with all its max_tokens, one id, one [DONE]",
+            cut.len()
+        ),
+    )];
+    let cut_ids: std::collections::BTreeSet<u64> = cut.iter().map(|r| r.id).collect();
+    let pauses: Vec<f64> = cut.iter().filter_map(|r| r.max_gap_s).collect();
+    let normal: Vec<f64> = f
+        .records
+        .iter()
+        .filter(|r| r.class == EndClass::Ok && !cut_ids.contains(&r.id))
+        .filter_map(|r| r.max_gap_s)
+        .collect();
+    let worst = pauses
+        .iter()
+        .copied()
+        .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+    let (p50, base) = (median(pauses), median(normal));
+    let added = match (p50, base) {
+        (Some(a), Some(b)) => format!("{:.0}", (a - b) * 1e3),
+        _ => "-".into(),
+    };
+    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0}", v * 1e3));
+    let pause = Check::new(
+        &format!("failed-over streams pause at most {FAILOVER_PAUSE_BOUND_S} s"),
+        worst.is_some_and(|w| w <= FAILOVER_PAUSE_BOUND_S),
+        format!(
+            "longest pause {} ms; median longest pause {} ms in failed-over streams vs {} ms in the others (added ≈ {added} ms)",
+            ms(worst),
+            ms(p50),
+            ms(base)
+        ),
+    );
+    out.push(pause);
+    let resumed = metric_sum(f, "headroom_failover_total{outcome=\"resumed\"}");
+    let failed = metric_sum(f, "headroom_failover_total{outcome=\"failed\"}");
+    out.push(Check::new(
+        &format!("the nodes counted ≥ {min_resumed} continuations and none failed"),
+        resumed >= min_resumed as f64 && failed == 0.0,
+        format!(
+            "headroom_failover_total: resumed {resumed}, failed {failed} ({} streams judged)",
+            cut.len()
+        ),
+    ));
+    out
+}

@@ -1,5 +1,7 @@
 //! A replica breaks every stream halfway (an SSE error event and `[DONE]` after about
-//! half its tokens), then recovers.
+//! half its tokens), then recovers — with mid-stream failover off
+//! (`proxy.failover_attempts = 0`, what a tenant with `failover = false` gets;
+//! `midstream-failover` is the same fault with it on).
 //!
 //! Expected: the router passes the error on once and never retries a stream that has
 //! started (no duplicated or spliced output); it counts the broken streams as
@@ -18,10 +20,12 @@ use crate::observe::health_trace;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 
 pub const ABOUT: &str =
-    "replica r0 breaks every stream halfway (SSE error + [DONE]), then recovers";
+    "replica r0 breaks every stream halfway (SSE error + [DONE]), then recovers; failover off";
 
 pub fn plan(o: &RunOptions) -> Plan {
-    base_plan(o, 1)
+    let mut p = base_plan(o, 1);
+    p.cluster.timings.failover_attempts = 0;
+    p
 }
 
 pub async fn inject(ctx: &mut Ctx<'_>) {

@@ -6,6 +6,7 @@ mod client_abort;
 mod common;
 mod garbage_metrics;
 mod midstream_errors;
+mod midstream_failover;
 mod replica_errors;
 mod replica_kill;
 mod replica_slow;
@@ -26,6 +27,7 @@ pub enum Scenario {
     ReplicaSlow,
     ReplicaErrors,
     MidstreamErrors,
+    MidstreamFailover,
     RouterKill,
     RouterPause,
     GarbageMetrics,
@@ -33,12 +35,13 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::ReplicaKill,
         Scenario::ReplicaStall,
         Scenario::ReplicaSlow,
         Scenario::ReplicaErrors,
         Scenario::MidstreamErrors,
+        Scenario::MidstreamFailover,
         Scenario::RouterKill,
         Scenario::RouterPause,
         Scenario::GarbageMetrics,
@@ -52,6 +55,7 @@ impl Scenario {
             Scenario::ReplicaSlow => "replica-slow",
             Scenario::ReplicaErrors => "replica-errors",
             Scenario::MidstreamErrors => "midstream-errors",
+            Scenario::MidstreamFailover => "midstream-failover",
             Scenario::RouterKill => "router-kill",
             Scenario::RouterPause => "router-pause",
             Scenario::GarbageMetrics => "garbage-metrics",
@@ -66,6 +70,7 @@ impl Scenario {
             Scenario::ReplicaSlow => replica_slow::ABOUT,
             Scenario::ReplicaErrors => replica_errors::ABOUT,
             Scenario::MidstreamErrors => midstream_errors::ABOUT,
+            Scenario::MidstreamFailover => midstream_failover::ABOUT,
             Scenario::RouterKill => router_kill::ABOUT,
             Scenario::RouterPause => router_pause::ABOUT,
             Scenario::GarbageMetrics => garbage_metrics::ABOUT,
@@ -85,6 +90,7 @@ impl Scenario {
             Scenario::ReplicaSlow => replica_slow::plan(o),
             Scenario::ReplicaErrors => replica_errors::plan(o),
             Scenario::MidstreamErrors => midstream_errors::plan(o),
+            Scenario::MidstreamFailover => midstream_failover::plan(o),
             Scenario::RouterKill => router_kill::plan(o),
             Scenario::RouterPause => router_pause::plan(o),
             Scenario::GarbageMetrics => garbage_metrics::plan(o),
@@ -99,6 +105,7 @@ impl Scenario {
             Scenario::ReplicaSlow => replica_slow::inject(ctx).await,
             Scenario::ReplicaErrors => replica_errors::inject(ctx).await,
             Scenario::MidstreamErrors => midstream_errors::inject(ctx).await,
+            Scenario::MidstreamFailover => midstream_failover::inject(ctx).await,
             Scenario::RouterKill => router_kill::inject(ctx).await,
             Scenario::RouterPause => router_pause::inject(ctx).await,
             Scenario::GarbageMetrics => garbage_metrics::inject(ctx).await,
@@ -113,6 +120,7 @@ impl Scenario {
             Scenario::ReplicaSlow => replica_slow::checks(f),
             Scenario::ReplicaErrors => replica_errors::checks(f),
             Scenario::MidstreamErrors => midstream_errors::checks(f),
+            Scenario::MidstreamFailover => midstream_failover::checks(f),
             Scenario::RouterKill => router_kill::checks(f),
             Scenario::RouterPause => router_pause::checks(f),
             Scenario::GarbageMetrics => garbage_metrics::checks(f),

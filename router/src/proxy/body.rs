@@ -2,12 +2,14 @@
 //! arrive, watched on the way (first token, usage, errors) and closed out exactly once
 //! with an [`Outcome`].
 //!
-//! Invariants: nothing is ever sent twice; once a stream has started, every failure
-//! becomes one SSE error event followed by `data: [DONE]`; dropping the body (client
-//! gone) releases the booking and closes the upstream connection, which makes the
-//! engine abort the request.
+//! Invariants: nothing is ever sent twice; once a stream has started, a failure either
+//! hands the stream to a continuation on another replica (`failover`, where allowed and
+//! well defined) or becomes one SSE error event followed by `data: [DONE]`; dropping the
+//! body (client gone) releases the booking and closes the upstream connection, which
+//! makes the engine abort the request (a continuation being sought is dropped with it).
 
 use std::{
+    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -20,6 +22,7 @@ use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use super::{
+    failover::{self, Cut, Failover, Resumed, Splice},
     outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
@@ -46,12 +49,27 @@ pub struct Tracking {
 }
 
 enum Mode {
-    Stream(SseScanner),
+    Stream(Box<SseScanner>),
     Whole(BytesMut),
+}
+
+/// A continuation being sought (routing, connecting, waiting for its first byte).
+type Resuming = Pin<Box<dyn Future<Output = Result<Resumed, &'static str>> + Send>>;
+
+/// What became of a cut stream.
+enum AfterCut {
+    /// A continuation is being sought.
+    Resuming,
+    /// The stream ends cleanly with these bytes.
+    Ended(Bytes),
+    /// No failover: end as a failure.
+    No,
 }
 
 pub struct TrackedBody {
     upstream: Incoming,
+    failover: Option<Box<Failover>>,
+    resuming: Option<Resuming>,
     first: Option<Bytes>,
     mode: Mode,
     track: Option<Tracking>,
@@ -75,11 +93,13 @@ impl TrackedBody {
         idle_timeout: Duration,
     ) -> Self {
         let mode = match stream {
-            Some(injected) => Mode::Stream(SseScanner::new(injected)),
+            Some(injected) => Mode::Stream(Box::new(SseScanner::new(injected))),
             None => Mode::Whole(BytesMut::new()),
         };
         Self {
             upstream,
+            failover: None,
+            resuming: None,
             first,
             mode,
             track: Some(track),
@@ -91,10 +111,28 @@ impl TrackedBody {
         }
     }
 
+    /// Lets a cut stream continue on another replica (see `failover`).
+    pub fn with_failover(mut self, f: Failover) -> Self {
+        if let Mode::Stream(sc) = &mut self.mode {
+            sc.transcript = Some(Box::default());
+            self.failover = Some(Box::new(f));
+        }
+        self
+    }
+
+    fn splice(&self) -> Option<&Splice> {
+        self.failover.as_ref().and_then(|f| f.splice.as_ref())
+    }
+
     fn process(&mut self, data: Bytes) -> Bytes {
+        let splice = self.failover.as_ref().and_then(|f| f.splice.clone());
         match &mut self.mode {
             Mode::Stream(sc) => {
                 let out = sc.feed(&data, Instant::now());
+                let out = match &splice {
+                    Some(s) if !out.is_empty() => failover::splice(&out, s),
+                    _ => out,
+                };
                 if let Some(t) = self.track.as_mut() {
                     let now_s = crate::clock::now_s();
                     if let Some(first) = sc.first_content
@@ -136,6 +174,8 @@ impl TrackedBody {
     fn finish(&mut self, status: OutcomeStatus) -> Option<Bytes> {
         let t = self.track.take()?;
         let now = Instant::now();
+        // A continuation's timings are not the client's, and its counts start at the cut.
+        let before = self.splice().map(|s| s.tokens_before);
         let (ttft_s, tpot_s, tpot_label_s, usage, tail) = match &mut self.mode {
             Mode::Stream(sc) => {
                 let usage = sc.usage.or_else(|| {
@@ -178,6 +218,11 @@ impl TrackedBody {
             status,
             OutcomeStatus::UpstreamFailed | OutcomeStatus::TimedOut
         ) || matches!(&self.mode, Mode::Stream(sc) if sc.upstream_error);
+        let (ttft_s, tpot_s, tpot_label_s) = match before {
+            Some(_) => (None, None, None),
+            None => (ttft_s, tpot_s, tpot_label_s),
+        };
+        let output_tokens = usage.map(|u| u.completion_tokens + before.unwrap_or(0));
         let outcome = Outcome {
             model: t.model.clone(),
             replica: t.replica.clone(),
@@ -197,8 +242,10 @@ impl TrackedBody {
             },
             e2e_s: now.duration_since(t.arrived).as_secs_f64(),
             upstream_s: now.duration_since(t.dispatched).as_secs_f64(),
-            output_tokens: usage.map(|u| u.completion_tokens),
-            prompt_tokens: usage.map(|u| u.prompt_tokens).filter(|n| *n > 0),
+            output_tokens,
+            prompt_tokens: usage
+                .map(|u| u.prompt_tokens)
+                .filter(|n| *n > 0 && before.is_none()),
             prompt_bytes: t.prompt_bytes,
             prompt_messages: t.prompt_messages,
             cached_tokens: usage.and_then(|u| u.cached_tokens()).or(match &self.mode {
@@ -222,11 +269,19 @@ impl TrackedBody {
     /// The upstream ended: closes out (cleanly only if a stream saw `[DONE]`) and
     /// returns whatever must still be sent after `out`.
     fn end(&mut self, out: Bytes) -> Bytes {
-        self.done = true;
         let clean = match &mut self.mode {
             Mode::Stream(sc) => sc.done,
             Mode::Whole(_) => true,
         };
+        if !clean {
+            // A partial event at the cut is dropped: a continuation regenerates it.
+            match self.after_cut(OutcomeStatus::UpstreamFailed) {
+                AfterCut::Resuming => return out,
+                AfterCut::Ended(tail) => return join(out, &tail),
+                AfterCut::No => {}
+            }
+        }
+        self.done = true;
         let rest = match &mut self.mode {
             Mode::Stream(sc) => sc.leftover(),
             Mode::Whole(_) => Bytes::new(),
@@ -260,6 +315,133 @@ impl TrackedBody {
     }
 }
 
+fn join(a: Bytes, b: &[u8]) -> Bytes {
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = BytesMut::from(&a[..]);
+    out.extend_from_slice(b);
+    out.freeze()
+}
+
+impl TrackedBody {
+    /// The upstream broke the stream (`status`): continue it elsewhere where allowed,
+    /// end it cleanly if its generation was already over, or leave it to fail.
+    fn after_cut(&mut self, status: OutcomeStatus) -> AfterCut {
+        let (Some(f), Mode::Stream(sc)) = (self.failover.as_mut(), &mut self.mode) else {
+            return AfterCut::No;
+        };
+        // A stream that already ended (`[DONE]` passed) has nothing to continue: its
+        // connection merely failed to close.
+        let Some(t) = sc.transcript.as_ref().filter(|_| !sc.done) else {
+            return AfterCut::No;
+        };
+        let before = f.splice.as_ref().map_or(0, |s| s.tokens_before);
+        let streamed = before + sc.tokens;
+        let prompt_tokens = match &f.splice {
+            Some(s) => s.prompt_tokens,
+            None => sc.chunk_prompt_tokens,
+        };
+        let cut = if f.left == 0 {
+            Cut::Ineligible("attempts_spent")
+        } else {
+            failover::continuation(f.endpoint, &f.body, t, streamed)
+        };
+        match cut {
+            Cut::Ineligible(why) => {
+                tracing::debug!("stream cut, no failover: {why}");
+                f.count("ineligible");
+                AfterCut::No
+            }
+            Cut::Finished => {
+                f.count("finished");
+                let usage = (!f.strip.final_chunk)
+                    .then(|| failover::final_usage(t, prompt_tokens, streamed));
+                let mut tail = BytesMut::new();
+                if let Some(u) = usage {
+                    tail.extend_from_slice(&u);
+                }
+                tail.extend_from_slice(b"data: [DONE]\n\n");
+                // The replica still failed to finish its response.
+                self.finish(status);
+                self.done = true;
+                AfterCut::Ended(tail.freeze())
+            }
+            Cut::Resume(body) => {
+                f.left -= 1;
+                f.cut_at = Some(Instant::now());
+                let id = t.id.clone();
+                let created = t.created;
+                let profile = f.continued_profile(streamed);
+                let failed = self.track.as_ref().map_or(0, |t| t.replica.key);
+                let fut = failover::resume(
+                    f.node.clone(),
+                    failed,
+                    f.endpoint,
+                    body,
+                    f.headers.clone(),
+                    profile,
+                    f.arrived,
+                );
+                let next = Splice {
+                    id,
+                    created,
+                    tokens_before: streamed,
+                    prompt_tokens,
+                };
+                // Close out the broken attempt (counted against its replica) with its
+                // own counts, quietly: the continuation will write the rest.
+                self.finish(status);
+                if let Some(f) = self.failover.as_mut() {
+                    f.splice = Some(next);
+                }
+                self.resuming = Some(Box::pin(fut));
+                AfterCut::Resuming
+            }
+        }
+    }
+
+    /// A continuation answered: its stream takes over.
+    fn install(&mut self, r: Resumed) {
+        let transcript = match &mut self.mode {
+            Mode::Stream(sc) => sc.transcript.take(),
+            Mode::Whole(_) => None,
+        };
+        let Some(f) = self.failover.as_ref() else {
+            return;
+        };
+        let mut sc = SseScanner::new(f.strip);
+        sc.transcript = transcript;
+        f.count("resumed");
+        if let Some(at) = f.cut_at {
+            f.node
+                .metrics
+                .failover_seconds
+                .with_label_values::<&str>(&[])
+                .observe(at.elapsed().as_secs_f64());
+        }
+        self.mode = Mode::Stream(Box::new(sc));
+        self.upstream = r.resp.into_body();
+        self.first = r.first;
+        self.track = Some(r.track);
+        self.content_seen = 0;
+        self.first_seen = false;
+        let deadline = tokio::time::Instant::now() + self.idle_timeout;
+        self.idle.as_mut().reset(deadline);
+    }
+
+    /// No continuation could be started: the stream ends as a failure.
+    fn unresumed(&mut self, why: &'static str) -> Bytes {
+        self.done = true;
+        if let Some(f) = self.failover.as_ref() {
+            f.count("failed");
+        }
+        tracing::debug!("no continuation for a cut stream: {why}");
+        ApiError::upstream("the replica failed mid-stream and no other replica could continue it")
+            .sse_bytes()
+    }
+}
+
 impl Body for TrackedBody {
     type Data = Bytes;
     type Error = hyper::Error;
@@ -269,18 +451,30 @@ impl Body for TrackedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        if let Some(first) = this.first.take() {
-            if let Some(out) = this.forward(first) {
-                return Poll::Ready(Some(Ok(Frame::data(out))));
-            }
+        loop {
             if this.done {
                 return Poll::Ready(None);
             }
-        }
-        loop {
+            if let Some(fut) = this.resuming.as_mut() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(r)) => {
+                        this.resuming = None;
+                        this.install(r);
+                    }
+                    Poll::Ready(Err(why)) => {
+                        this.resuming = None;
+                        let tail = this.unresumed(why);
+                        return Poll::Ready(Some(Ok(Frame::data(tail))));
+                    }
+                }
+            }
+            if let Some(first) = this.first.take() {
+                if let Some(out) = this.forward(first) {
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
+                }
+                continue;
+            }
             match Pin::new(&mut this.upstream).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     let deadline = tokio::time::Instant::now() + this.idle_timeout;
@@ -290,13 +484,15 @@ impl Body for TrackedBody {
                     {
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
-                    if this.done {
-                        return Poll::Ready(None);
-                    }
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    this.done = true;
                     tracing::debug!("upstream body failed: {e}");
+                    match this.after_cut(OutcomeStatus::UpstreamFailed) {
+                        AfterCut::Resuming => continue,
+                        AfterCut::Ended(tail) => return Poll::Ready(Some(Ok(Frame::data(tail)))),
+                        AfterCut::No => {}
+                    }
+                    this.done = true;
                     return match this.finish(OutcomeStatus::UpstreamFailed) {
                         Some(tail) => Poll::Ready(Some(Ok(Frame::data(tail)))),
                         // Not a stream: nothing honest to append; abort the response.
@@ -305,14 +501,19 @@ impl Body for TrackedBody {
                 }
                 Poll::Ready(None) => {
                     let rest = this.end(Bytes::new());
-                    return if rest.is_empty() {
-                        Poll::Ready(None)
-                    } else {
-                        Poll::Ready(Some(Ok(Frame::data(rest))))
-                    };
+                    if !rest.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
                 }
                 Poll::Pending => {
                     if this.idle.as_mut().poll(cx).is_ready() {
+                        match this.after_cut(OutcomeStatus::TimedOut) {
+                            AfterCut::Resuming => continue,
+                            AfterCut::Ended(tail) => {
+                                return Poll::Ready(Some(Ok(Frame::data(tail))));
+                            }
+                            AfterCut::No => {}
+                        }
                         this.done = true;
                         return match this.finish(OutcomeStatus::TimedOut) {
                             Some(tail) => Poll::Ready(Some(Ok(Frame::data(tail)))),

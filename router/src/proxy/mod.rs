@@ -2,10 +2,12 @@
 //!
 //! A request is retried on another candidate (bounded, jittered) when the replica
 //! refuses the connection, answers 5xx or 429, or sends nothing before the first-byte
-//! timeout — always before the client has seen a byte. After that, failures end the
-//! stream with an SSE error event (see `body`), never with duplicated output.
+//! timeout — always before the client has seen a byte. After that, a broken stream
+//! continues on another replica where that is well defined (`failover`), else ends
+//! with an SSE error event (see `body`), never with duplicated output.
 
 pub mod body;
+pub mod failover;
 pub mod outcome;
 pub mod sse;
 
@@ -27,7 +29,7 @@ use crate::{
     fleet::{Replica, Signal},
     node::Node,
     policy::{CandidateError, RequestProfile, candidates::CandidateParams},
-    request::ParsedRequest,
+    request::{Endpoint, ParsedRequest},
     upstream,
 };
 use body::{TrackedBody, Tracking};
@@ -143,10 +145,11 @@ async fn plan(
 
 fn upstream_request(
     target: &Replica,
-    parsed: &ParsedRequest,
+    endpoint: Endpoint,
+    body: &Bytes,
     headers: &HeaderMap,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let uri = upstream::join(&target.base, parsed.endpoint.path()).map_err(ApiError::upstream)?;
+    let uri = upstream::join(&target.base, endpoint.path()).map_err(ApiError::upstream)?;
     let mut req = Request::post(uri);
     for (k, v) in headers {
         let name = k.as_str();
@@ -156,7 +159,7 @@ fn upstream_request(
         req = req.header(k, v);
     }
     req.header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(parsed.upstream_body.clone()))
+        .body(Full::new(body.clone()))
         .map_err(|e| ApiError::upstream(e.to_string()))
 }
 
@@ -192,13 +195,15 @@ async fn first_frame(
         .map_err(|_| "first_byte_timeout")?
 }
 
-/// Routes and forwards one parsed request.
+/// Routes and forwards one parsed request; `failover`: the tenant lets a stream cut
+/// mid-way continue on another replica (`failover.rs`).
 pub async fn forward(
     node: Arc<Node>,
     parsed: ParsedRequest,
     profile: RequestProfile,
     headers: HeaderMap,
     arrived: Instant,
+    failover: bool,
 ) -> Result<Response<AxumBody>, ApiError> {
     let (targets, fallback) = plan(&node, &profile, arrived).await?;
     let mut last_error: Option<Response<Incoming>> = None;
@@ -212,7 +217,7 @@ pub async fn forward(
         }
         let r = &target.replica;
         let booking = lifecycle::book(r.as_ref(), &profile, &target.routed, clock::now_s());
-        let req = upstream_request(r, &parsed, &headers)?;
+        let req = upstream_request(r, parsed.endpoint, &parsed.upstream_body, &headers)?;
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
             node.cfg.proxy.first_byte_timeout(),
@@ -278,12 +283,14 @@ pub async fn forward(
                     learn: Some(target.routed.learn),
                     ttft_learned: false,
                 };
+                let failover =
+                    failover::Failover::new(&node, &parsed, &profile, &headers, arrived, failover);
                 let mut out = respond(
                     &node,
                     resp,
                     first,
                     &parsed,
-                    track,
+                    (track, failover),
                     fallback,
                     profile.prompt_tokens,
                 );
@@ -364,7 +371,7 @@ fn respond(
     resp: Response<Incoming>,
     first: Option<Bytes>,
     parsed: &ParsedRequest,
-    track: Tracking,
+    (track, failover): (Tracking, Option<failover::Failover>),
     fallback: Option<&'static str>,
     prompt_tokens: u32,
 ) -> Response<AxumBody> {
@@ -377,7 +384,12 @@ fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let stream = (parsed.stream && is_sse).then_some(parsed.injected);
-    let tracked = TrackedBody::new(body, first, stream, track, node.cfg.proxy.idle_timeout());
+    let mut tracked = TrackedBody::new(body, first, stream, track, node.cfg.proxy.idle_timeout());
+    if stream.is_some()
+        && let Some(f) = failover
+    {
+        tracked = tracked.with_failover(f);
+    }
     let mut out = Response::new(AxumBody::new(tracked));
     *out.status_mut() = parts.status;
     copy_headers(&parts.headers, out.headers_mut(), parsed.injected.any());

@@ -23,6 +23,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 
+use super::failover::Transcript;
 use crate::request::InjectedUsage;
 
 /// Token counts from a usage object (the final chunk's, or a content chunk's when the
@@ -109,6 +110,10 @@ pub struct SseScanner {
     pub done: bool,
     /// The upstream sent an error event.
     pub upstream_error: bool,
+    /// Set when the stream may fail over: the generated text is kept, and an upstream
+    /// error event (with the `[DONE]` after it) is held back rather than passed on,
+    /// so that a continuation can take the stream over (`proxy/failover.rs`).
+    pub transcript: Option<Box<Transcript>>,
 }
 
 const USAGE_NULL: &[u8] = b",\"usage\":null";
@@ -119,7 +124,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// End of the first complete event in `buf` (index after its blank line).
-fn event_end(buf: &[u8]) -> Option<usize> {
+pub(super) fn event_end(buf: &[u8]) -> Option<usize> {
     let mut i = 0;
     while i + 1 < buf.len() {
         if buf[i] == b'\n' {
@@ -182,6 +187,7 @@ impl SseScanner {
             engine: None,
             done: false,
             upstream_error: false,
+            transcript: None,
         }
     }
 
@@ -195,13 +201,25 @@ impl SseScanner {
         self.reads += 1;
         let (events_before, tokens_before) = (self.content_events, self.tokens);
         let out = if self.pending.is_empty() && !self.editing() && event_end_at_tail(chunk) {
-            // Fast path: whole events, nothing to edit: scan and pass the same bytes.
-            let mut rest: &[u8] = chunk;
-            while let Some(end) = event_end(rest) {
-                self.observe(&rest[..end], now);
-                rest = &rest[end..];
+            // Fast path: whole events, nothing to edit: scan and pass the same bytes,
+            // unless an event is held back (then the rest is copied event by event).
+            let mut at = 0;
+            let mut copy: Option<BytesMut> = None;
+            while let Some(end) = event_end(&chunk[at..]) {
+                let ev = &chunk[at..at + end];
+                let pass = self.observe(ev, now) == Verdict::Pass;
+                match copy.as_mut() {
+                    Some(c) if pass => c.extend_from_slice(ev),
+                    Some(_) => {}
+                    None if !pass => copy = Some(BytesMut::from(&chunk[..at])),
+                    None => {}
+                }
+                at += end;
             }
-            chunk.clone()
+            match copy {
+                Some(c) => c.freeze(),
+                None => chunk.clone(),
+            }
         } else {
             self.pending.extend_from_slice(chunk);
             let mut out = BytesMut::new();
@@ -307,13 +325,22 @@ impl SseScanner {
             }
             None => (0, &b""[..]),
         };
+        let holding = self.transcript.is_some();
         if data.starts_with(b"[DONE]") {
+            if holding && self.upstream_error {
+                // The end of a held-back error: the stream is not over for the client.
+                return Verdict::Drop;
+            }
             self.done = true;
             return Verdict::Pass;
         }
         if data.starts_with(b"{\"error\"") {
             self.upstream_error = true;
-            return Verdict::Pass;
+            return if holding {
+                Verdict::Drop
+            } else {
+                Verdict::Pass
+            };
         }
         let content = has_choices(data);
         let member = usage_member(data);
@@ -341,6 +368,9 @@ impl SseScanner {
         self.last_content = Some(now);
         self.last_content_read = self.reads;
         self.content_events += 1;
+        if let Some(t) = self.transcript.as_mut() {
+            t.note(data.trim_ascii_end());
+        }
         match member {
             Some((u, range)) => {
                 self.chunk_usage = true;
@@ -567,6 +597,23 @@ mod tests {
         assert_eq!(s.tokens, 1);
         assert!(!out.contains("usage"));
         assert_valid_events(&out);
+    }
+
+    #[test]
+    fn a_failover_stream_holds_back_the_error_and_its_done_and_keeps_the_text() {
+        let all = format!("{CHUNK1}data: {{\"error\":{{\"message\":\"x\"}}}}\n\n{DONE}");
+        // Whole events in one read (the fast path) and split reads (the slow one).
+        for pieces in [vec![all.as_bytes()], all.as_bytes().chunks(9).collect()] {
+            let mut s = SseScanner::new(KEEP);
+            s.transcript = Some(Box::default());
+            let mut out = Vec::new();
+            for p in pieces {
+                out.extend_from_slice(&s.feed(&Bytes::copy_from_slice(p), Instant::now()));
+            }
+            assert_eq!(String::from_utf8(out).unwrap(), CHUNK1);
+            assert!(s.upstream_error && !s.done);
+            assert_eq!(s.transcript.unwrap().text, "Hi");
+        }
     }
 
     #[test]
