@@ -341,6 +341,7 @@ impl Policy for SloPolicy {
                 Decision {
                     choice: Choice::Route(ranked),
                     predictions: preds,
+                    evals,
                     fallback: None,
                 }
             }
@@ -372,6 +373,7 @@ impl Policy for SloPolicy {
                 Decision {
                     choice,
                     predictions: preds,
+                    evals,
                     fallback: Some("no-fit"),
                 }
             }
