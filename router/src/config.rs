@@ -63,6 +63,9 @@ pub struct RouterConfig {
     pub predictor_journal: Option<PathBuf>,
     /// How often the trainer publishes a new predictor snapshot (ms).
     pub predictor_publish_ms: u64,
+    /// How many recent decision records to keep for `/debug/decisions` (each response
+    /// names its record in `x-headroom-decision-id`); 0 turns records off.
+    pub decision_records: usize,
     /// The mesh (off unless `mesh.listen` is set).
     pub mesh: MeshSettings,
     /// The client-facing edge: timeouts, connection cap, TLS, admin surface, identity.
@@ -92,6 +95,7 @@ impl Default for RouterConfig {
             predictor_state: None,
             predictor_journal: None,
             predictor_publish_ms: 100,
+            decision_records: 4096,
             mesh: MeshSettings::default(),
             edge: crate::edge::EdgeConfig::default(),
         }

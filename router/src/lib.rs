@@ -9,6 +9,7 @@
 pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod decisions;
 pub mod edge;
 pub mod error;
 pub mod fleet;
@@ -34,3 +35,5 @@ pub const REPLICA_HEADER: &str = "x-headroom-replica";
 /// Response header with the prompt tokens the router counted for the request (exact
 /// with the model's `hf:` tokenizer), sent with the prediction headers.
 pub const PROMPT_TOKENS_HEADER: &str = "x-headroom-prompt-tokens";
+/// Response header: the id of the request's decision record (`/debug/decisions/{id}`).
+pub const DECISION_HEADER: &str = "x-headroom-decision-id";

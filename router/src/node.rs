@@ -35,6 +35,8 @@ pub struct Node {
     pub trainer: Arc<Trainer>,
     /// The mesh, once joined.
     pub mesh: std::sync::OnceLock<Arc<crate::mesh::MeshRuntime>>,
+    /// Recent decisions, readable by id (`/debug/decisions`).
+    pub decision_records: crate::decisions::DecisionRing,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: Arc<Deferrals>,
     /// Decisions made so far (each seeded decision draws from its own stream).
@@ -92,6 +94,7 @@ impl Node {
             trainer,
             mesh: Default::default(),
             deferred: Deferrals::new(),
+            decision_records: crate::decisions::DecisionRing::new(cfg.decision_records),
             decisions: Default::default(),
             tenants: Tenants::from_config(&cfg),
             cfg,
@@ -293,6 +296,9 @@ impl Node {
 
     /// Records a finished request: metrics, health and learning.
     pub fn observe(&self, o: Outcome) {
+        self.decision_records.update(o.decision, |r| {
+            r.measured = Some(crate::decisions::Measured::from_outcome(&o, &r.request));
+        });
         self.learn(&o);
         let m = &self.metrics;
         let r = &o.replica.name;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock,
+    decisions::Asked,
     edge::{self, listen::Peer},
     error::ApiError,
     node::Node,
@@ -57,6 +58,9 @@ fn admin_routes(node: &Arc<Node>) -> Router<Arc<Node>> {
         .route("/debug/replicas", get(debug_replicas))
         .route("/debug/cluster", get(debug_cluster))
         .route("/debug/predictor", get(debug_predictor))
+        .route("/debug/decisions", get(crate::decisions::api::list))
+        .route("/debug/decisions/{id}", get(crate::decisions::api::one))
+        .route("/debug/summary", get(crate::decisions::api::summary))
         .route_layer(axum::middleware::from_fn_with_state(
             token,
             edge::admin::require_token,
@@ -153,6 +157,8 @@ async fn handle(
     body: Body,
 ) -> Response {
     let arrived = Instant::now();
+    let mut record = None;
+    let record = &mut record;
     let result = async {
         // Identity first: an unauthenticated client never gets its body buffered.
         let tenant = node.tenants.resolve(&headers)?;
@@ -171,9 +177,29 @@ async fn handle(
             stream: parsed.stream,
         };
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
-        proxy::forward(node.clone(), parsed, profile, upstream, arrived).await
+        *record = node
+            .decision_records
+            .open(Asked::new(&tenant.name, &profile));
+        proxy::forward(node.clone(), parsed, profile, upstream, arrived, *record).await
     }
     .await;
+    let record = *record;
+    if let Err(e) = &result {
+        crate::decisions::note_end(
+            &node,
+            record,
+            format!("{} {}", e.status.as_u16(), e.message),
+        );
+    }
+    let mut resp = respond_to(&node, result).await;
+    if let Some(id) = record {
+        resp.headers_mut()
+            .insert(crate::DECISION_HEADER, http::HeaderValue::from(id));
+    }
+    resp
+}
+
+async fn respond_to(node: &Node, result: Result<Response, ApiError>) -> Response {
     match result {
         Ok(resp) if !resp.status().is_success() && !is_json(resp.headers()) => {
             openai_shaped(resp).await

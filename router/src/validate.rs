@@ -15,6 +15,8 @@ pub const MAX_MS: u64 = 86_400_000;
 pub const MAX_SLO_MS: f64 = 3_600_000.0;
 /// Largest request body the router will buffer (1 GiB).
 pub const MAX_BODY_BYTES: usize = 1 << 30;
+/// Most decision records held (≈ 4 KB each over 8 replicas: 4 GB at most).
+pub const MAX_DECISION_RECORDS: usize = 1 << 20;
 /// Most extra attempts per request.
 pub const MAX_RETRIES: u32 = 16;
 
@@ -163,6 +165,15 @@ fn fleet(cfg: &RouterConfig, p: &mut Problems) {
         x.max_blocks_per_request as u64,
     );
     p.ms("predictor_publish_ms", cfg.predictor_publish_ms);
+    if cfg.decision_records > MAX_DECISION_RECORDS {
+        p.push(
+            "decision_records",
+            format!(
+                "= {} must be in 0..={MAX_DECISION_RECORDS}",
+                cfg.decision_records
+            ),
+        );
+    }
 }
 
 fn proxy(cfg: &RouterConfig, p: &mut Problems) {
