@@ -9,6 +9,7 @@
 pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod decisions;
 pub mod edge;
 pub mod error;

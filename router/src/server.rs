@@ -61,6 +61,7 @@ fn admin_routes(node: &Arc<Node>) -> Router<Arc<Node>> {
         .route("/debug/decisions", get(crate::decisions::api::list))
         .route("/debug/decisions/{id}", get(crate::decisions::api::one))
         .route("/debug/summary", get(crate::decisions::api::summary))
+        .route("/dashboard", get(crate::dashboard::page))
         .route_layer(axum::middleware::from_fn_with_state(
             token,
             edge::admin::require_token,
