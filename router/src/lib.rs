@@ -20,6 +20,7 @@ pub mod node;
 pub mod proxy;
 pub mod replica_view;
 pub mod request;
+pub mod request_log;
 pub mod server;
 pub mod tenant;
 pub mod tokens;

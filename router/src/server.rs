@@ -178,9 +178,11 @@ async fn handle(
             stream: parsed.stream,
         };
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
-        *record = node
-            .decision_records
-            .open(Asked::new(&tenant.name, &profile));
+        *record = node.decision_records.open(Asked::new(
+            &tenant.name,
+            &profile,
+            node.request_log.is_some(),
+        ));
         proxy::forward(node.clone(), parsed, profile, upstream, arrived, *record).await
     }
     .await;

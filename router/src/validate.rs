@@ -174,6 +174,12 @@ fn fleet(cfg: &RouterConfig, p: &mut Problems) {
             ),
         );
     }
+    if cfg.request_log.is_some() && cfg.decision_records == 0 {
+        p.push(
+            "request_log",
+            "is written from decision records: set `decision_records` > 0",
+        );
+    }
 }
 
 fn proxy(cfg: &RouterConfig, p: &mut Problems) {

@@ -169,3 +169,73 @@ async fn a_refused_request_has_a_record_saying_why_and_off_means_no_header() {
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("x-headroom-decision-id").is_none());
 }
+
+#[tokio::test]
+async fn the_request_log_is_a_replayable_workload_line_per_finished_request() {
+    let m = mock("m").await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("requests.jsonl");
+    let p = path.clone();
+    let r = router(&[m.url()], PolicyName::Slo, move |c| {
+        c.request_log = Some(p);
+        c.prefix.block_tokens = 4;
+    })
+    .await;
+    let long = "the same long system prompt, shared by every request; ".repeat(8);
+    for _ in 0..3 {
+        let resp = client()
+            .post(r.url("/v1/chat/completions"))
+            .json(&json!({"model":"m","stream":true,"max_tokens":6,"messages":[{"role":"user","content":long}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap();
+    }
+    // The writer flushes after each burst; give it a moment.
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
+            .collect();
+        if lines.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(lines.len(), 3, "one line per finished request");
+    let mut last_ts = 0;
+    for l in &lines {
+        let input = l["input_length"].as_u64().unwrap();
+        let blocks = l["hash_ids"].as_array().unwrap().len() as u64;
+        assert_eq!(l["block_size"], 4);
+        assert!(
+            input >= 1 && blocks * 4 >= input,
+            "blocks cover the prompt: {l}"
+        );
+        assert_eq!(l["output_length"], 6);
+        assert_eq!(l["output_estimated"], false);
+        assert_eq!(l["tenant"], "default");
+        assert!(l["slo_ttft_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(l["status"], "ok");
+        let ts = l["timestamp"].as_u64().unwrap();
+        assert!(ts >= last_ts, "arrivals in order");
+        last_ts = ts;
+    }
+    // The same prompt three times: the router's blocks repeat, padding stays unique.
+    let full: Vec<&Value> = lines.iter().map(|l| &l["hash_ids"][0]).collect();
+    assert!(full.windows(2).all(|w| w[0] == w[1]), "shared first block");
+
+    // A request log without decision records is refused at start.
+    let mut cfg = headroom::config::RouterConfig {
+        request_log: Some(path),
+        decision_records: 0,
+        ..Default::default()
+    };
+    cfg.replicas
+        .push(headroom::config::ReplicaConfig::parse_flag(&m.url()).unwrap());
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("request_log"), "{err}");
+}

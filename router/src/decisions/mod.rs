@@ -253,6 +253,7 @@ mod tests {
             slo_ttft_ms: 100.0,
             slo_tpot_ms: 10.0,
             stream: true,
+            blocks: Vec::new(),
         }
     }
 

@@ -25,11 +25,20 @@ pub struct Asked {
     pub slo_ttft_ms: f64,
     pub slo_tpot_ms: f64,
     pub stream: bool,
+    /// The prompt's prefix blocks, kept only for the request log.
+    #[serde(skip)]
+    pub blocks: Vec<u64>,
 }
 
 impl Asked {
-    pub fn new(tenant: &str, p: &RequestProfile) -> Self {
+    /// `keep_blocks`: hold the prefix blocks too (for the request log).
+    pub fn new(tenant: &str, p: &RequestProfile, keep_blocks: bool) -> Self {
         Self {
+            blocks: if keep_blocks {
+                p.blocks.clone()
+            } else {
+                Vec::new()
+            },
             tenant: tenant.to_string(),
             model: p.model.clone(),
             prompt_tokens: p.prompt_tokens,
