@@ -70,7 +70,7 @@ pub fn plan(wl: &Workload, ask: &PlanAsk) -> Result<Vec<ClassAnswer>, SimError> 
 
 fn plan_class(wl: &Workload, ask: &PlanAsk, class: &str) -> Result<ClassAnswer, SimError> {
     let mut tried: Vec<(u32, f64, RunResult)> = Vec::new();
-    let mut run = |n: u32, tried: &mut Vec<(u32, f64, RunResult)>| -> Result<f64, SimError> {
+    let run = |n: u32, tried: &mut Vec<(u32, f64, RunResult)>| -> Result<f64, SimError> {
         if let Some(t) = tried.iter().find(|t| t.0 == n) {
             return Ok(t.1);
         }
