@@ -155,3 +155,33 @@ pub fn markdown(answers: &[ClassAnswer], target: f64, requests: usize) -> String
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ten times the traffic needs more slow replicas than fast ones, and the answer
+    /// is the smallest count: one fewer misses the target.
+    #[test]
+    fn sizes_each_class_to_the_smallest_count_meeting_the_target() {
+        let wl = Workload::from_spec(
+            "poisson:rate=20,duration=20,input=lognormal(600,0.6),output=lognormal(60,0.5),seed=3,slo_ttft=600,slo_tpot=100",
+        )
+        .expect("generator spec");
+        let ask = PlanAsk {
+            classes: vec!["h100-llama3-8b".into(), "l4-llama3-8b".into()],
+            target: 0.9,
+            max_replicas: 16,
+            base: SimConfig::default(),
+        };
+        let answers = plan(&wl, &ask).expect("simulates");
+        let n = |i: usize| answers[i].replicas.expect("within the limit");
+        assert!(n(1) > n(0), "an L4 fleet needs more replicas: {answers:?}");
+        for a in &answers {
+            assert!(a.attainment >= 0.9, "{a:?}");
+            if let Some(fewer) = a.attainment_one_fewer {
+                assert!(fewer < 0.9, "one fewer would do: {a:?}");
+            }
+        }
+    }
+}
