@@ -7,6 +7,7 @@ export CARGO_INCREMENTAL=0
 
 echo "== fmt";    cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
+echo "== chromium (the dashboard test)"; scripts/install-chromium.sh
 echo "== tests";  cargo test --workspace
 echo "== deploy"; deploy/check.sh
 echo "== openai client"; scripts/py/test-openai-client.sh

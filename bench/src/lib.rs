@@ -2,6 +2,7 @@
 
 pub mod engine;
 pub mod live;
+pub mod plan;
 pub mod replica;
 pub mod report;
 pub mod sim;

@@ -13,6 +13,7 @@ use std::time::Instant;
 use headroom_predictor::{Observation, Prediction, ReplicaKey, SharedPredictor};
 
 use crate::{
+    explain::{CandidateNote, Explanation},
     policy::{
         CandidateError, Choice, DecideCtx, Policy, RequestProfile, build_candidates,
         candidates::CandidateParams, features,
@@ -55,8 +56,10 @@ pub struct Routed {
     pub targets: Vec<RoutedTarget>,
     pub fallback: Option<&'static str>,
     /// Time the whole decision took: candidates (prefix match, loads), the policy and
-    /// the ranked targets' predictions.
+    /// the ranked targets' predictions (the explanation excluded).
     pub decision_ns: u64,
+    /// Every candidate as the policy saw it; only from [`route_explained`].
+    pub explain: Option<Box<Explanation>>,
 }
 
 /// Everything one decision reads.
@@ -76,6 +79,27 @@ pub fn route<R: ReplicaView>(
     profile: &RequestProfile,
     now_s: f64,
     rng: &mut dyn rand::RngCore,
+) -> Result<Routed, CandidateError> {
+    route_inner(inp, profile, now_s, rng, false)
+}
+
+/// [`route`], plus every candidate's loads, prediction, evaluation and rank in
+/// `Routed::explain`. The same decision: the rng is drawn from identically.
+pub fn route_explained<R: ReplicaView>(
+    inp: &RouteInputs<'_, R>,
+    profile: &RequestProfile,
+    now_s: f64,
+    rng: &mut dyn rand::RngCore,
+) -> Result<Routed, CandidateError> {
+    route_inner(inp, profile, now_s, rng, true)
+}
+
+fn route_inner<R: ReplicaView>(
+    inp: &RouteInputs<'_, R>,
+    profile: &RequestProfile,
+    now_s: f64,
+    rng: &mut dyn rand::RngCore,
+    explain: bool,
 ) -> Result<Routed, CandidateError> {
     let started = Instant::now();
     let cands = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
@@ -120,10 +144,47 @@ pub fn route<R: ReplicaView>(
         } => (Verdict::Defer(*retry_after_s), targets(fallback_order)),
         Choice::Reject(reason) => (Verdict::Reject(reason.clone()), Vec::new()),
     };
+    let decision_ns = started.elapsed().as_nanos() as u64;
+    let explain = explain.then(|| {
+        let order: &[usize] = match &decision.choice {
+            Choice::Route(o) => o,
+            Choice::Defer { fallback_order, .. } => fallback_order,
+            Choice::Reject(_) => &[],
+        };
+        let mut rank = vec![None; cands.len()];
+        for (pos, &i) in order.iter().enumerate() {
+            if let Some(r) = rank.get_mut(i) {
+                *r = Some(pos);
+            }
+        }
+        let candidates = cands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| CandidateNote {
+                index: c.index,
+                cached_tokens: c.cached_tokens,
+                own: c.own,
+                peers: c.peers,
+                peers_age_s: c.peers_age_s,
+                scraped_age_s: c.scraped.as_ref().map(|_| c.scraped_age_s),
+                kv_usage: c.scraped.as_ref().and_then(|s| s.kv_usage),
+                prediction: match decision.predictions.get(i).copied() {
+                    Some(p) => p,
+                    None => snap
+                        .get_or_insert_with(|| inp.predictor.load())
+                        .predict(features::key(c), &features::observation(profile, c)),
+                },
+                eval: decision.evals.get(i).copied(),
+                rank: rank[i],
+            })
+            .collect();
+        Box::new(Explanation { candidates })
+    });
     Ok(Routed {
         verdict,
         targets,
         fallback: decision.fallback,
-        decision_ns: started.elapsed().as_nanos() as u64,
+        decision_ns,
+        explain,
     })
 }

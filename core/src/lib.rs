@@ -4,7 +4,8 @@
 //!
 //! Module map: [`admission`] (tenants' rates, shares and queues, before routing) →
 //! [`view`] (what the core reads of a replica, filled by the host) →
-//! [`policy`] (candidates, the policies, the registry) → [`decide`] (one decision)
+//! [`policy`] (candidates, the policies, the registry) → [`decide`] (one decision;
+//! [`explain`] what it knew, for the operator's record)
 //! → [`lifecycle`] (admit, dispatch, finish); [`ledger`] (this node's in-flight work
 //! per replica), [`prefix`] (which replica holds which prompt blocks), [`blocks`]
 //! (prompt block hashes), [`output`] (output-length estimate), [`scraped`] (engine
@@ -13,6 +14,7 @@
 pub mod admission;
 pub mod blocks;
 pub mod decide;
+pub mod explain;
 pub mod ledger;
 pub mod lifecycle;
 pub mod output;
@@ -21,7 +23,7 @@ pub mod prefix;
 pub mod scraped;
 pub mod view;
 
-pub use decide::{Learn, RouteInputs, Routed, RoutedTarget, Verdict, route};
+pub use decide::{Learn, RouteInputs, Routed, RoutedTarget, Verdict, route, route_explained};
 pub use lifecycle::{Admission, Admit, DeferLimits, Deferrals, Finished, Reported};
 pub use policy::{Fallback, PolicyName, PolicySettings, RequestProfile, Slo};
 pub use view::{PlainReplica, ReplicaView, Serving};

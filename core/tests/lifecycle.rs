@@ -61,6 +61,7 @@ impl Policy for Scripted {
         Decision {
             choice: self.choice.clone(),
             predictions: vec![marked(); c.len()],
+            evals: Vec::new(),
             fallback: None,
         }
     }

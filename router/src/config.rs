@@ -65,6 +65,14 @@ pub struct RouterConfig {
     pub predictor_journal: Option<PathBuf>,
     /// How often the trainer publishes a new predictor snapshot (ms).
     pub predictor_publish_ms: u64,
+    /// How many recent decision records to keep for `/debug/decisions` (each response
+    /// names its record in `x-headroom-decision-id`); 0 turns records off.
+    pub decision_records: usize,
+    /// Append one JSON line per finished request (arrival, prompt and output tokens,
+    /// prefix blocks, tenant, objectives, what was measured) to this file: the
+    /// workload `headroom-bench sim` and `headroom-bench plan` replay. Needs
+    /// `decision_records` > 0.
+    pub request_log: Option<PathBuf>,
     /// The mesh (off unless `mesh.listen` is set).
     pub mesh: MeshSettings,
     /// The client-facing edge: timeouts, connection cap, TLS, admin surface, identity.
@@ -97,6 +105,8 @@ impl Default for RouterConfig {
             predictor_state: None,
             predictor_journal: None,
             predictor_publish_ms: 100,
+            decision_records: 4096,
+            request_log: None,
             mesh: MeshSettings::default(),
             edge: crate::edge::EdgeConfig::default(),
             admission: AdmissionConfig::default(),

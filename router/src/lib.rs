@@ -11,6 +11,8 @@ pub mod admission;
 pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
+pub mod decisions;
 pub mod edge;
 pub mod error;
 pub mod fleet;
@@ -20,6 +22,7 @@ pub mod node;
 pub mod proxy;
 pub mod replica_view;
 pub mod request;
+pub mod request_log;
 pub mod server;
 pub mod tenant;
 pub mod tokens;
@@ -41,3 +44,5 @@ pub const PROMPT_TOKENS_HEADER: &str = "x-headroom-prompt-tokens";
 /// the router's own prefix index).
 pub const CACHED_TOKENS_HEADER: &str = "x-headroom-cached-tokens";
 pub const CACHED_SOURCE_HEADER: &str = "x-headroom-cached-tokens-source";
+/// Response header: the id of the request's decision record (`/debug/decisions/{id}`).
+pub const DECISION_HEADER: &str = "x-headroom-decision-id";

@@ -88,6 +88,12 @@ struct ServeArgs {
     /// Seeds of other regions (summaries and predictor federation only).
     #[arg(long = "remote-region-peer")]
     remote_region_peers: Vec<String>,
+    /// Recent decision records kept for `/debug/decisions` (0 = off).
+    #[arg(long)]
+    decision_records: Option<usize>,
+    /// Append one JSON line per finished request to this file (see `request_log`).
+    #[arg(long)]
+    request_log: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -143,6 +149,12 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
     }
     if let Some(s) = a.seed {
         cfg.seed = s;
+    }
+    if let Some(n) = a.decision_records {
+        cfg.decision_records = n;
+    }
+    if a.request_log.is_some() {
+        cfg.request_log = a.request_log;
     }
     if a.gossip_listen.is_some() {
         cfg.mesh.listen = a.gossip_listen;

@@ -1,8 +1,8 @@
 //! The node's own Prometheus metrics (`/metrics`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Latency buckets (seconds) wide enough for TTFT of long prompts under load.
@@ -50,6 +50,7 @@ pub struct Metrics {
     pub admission_running: IntGaugeVec,
     pub admission_queued: IntGaugeVec,
     pub predictor_dropped: IntGauge,
+    pub request_log_dropped: IntCounter,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
@@ -279,6 +280,14 @@ impl Metrics {
                 IntGauge::new(
                     "headroom_predictor_samples_dropped",
                     "Outcomes dropped because the trainer queue was full.",
+                )
+                .expect("valid"),
+            ),
+            request_log_dropped: reg(
+                &r,
+                IntCounter::new(
+                    "headroom_request_log_dropped_total",
+                    "Request log lines dropped because the writer's queue was full.",
                 )
                 .expect("valid"),
             ),

@@ -37,6 +37,10 @@ pub struct Node {
     pub trainer: Arc<Trainer>,
     /// The mesh, once joined.
     pub mesh: std::sync::OnceLock<Arc<crate::mesh::MeshRuntime>>,
+    /// Recent decisions, readable by id (`/debug/decisions`).
+    pub decision_records: crate::decisions::DecisionRing,
+    /// The request log (`request_log`), where configured.
+    pub request_log: Option<crate::request_log::RequestLog>,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: Arc<Deferrals>,
     /// The admission gate (tenants' rates, concurrency, shares and queue).
@@ -100,6 +104,14 @@ impl Node {
             mesh: Default::default(),
             deferred: Deferrals::new(),
             gate: headroom_core::admission::Gate::new(cfg.admission.gate()),
+            decision_records: crate::decisions::DecisionRing::new(cfg.decision_records),
+            request_log: match &cfg.request_log {
+                Some(p) => Some(crate::request_log::RequestLog::open(
+                    p,
+                    cfg.prefix.block_tokens,
+                )?),
+                None => None,
+            },
             decisions: Default::default(),
             tenants: Tenants::from_config(&cfg),
             cfg,
@@ -315,6 +327,14 @@ impl Node {
 
     /// Records a finished request: metrics, health and learning.
     pub fn observe(&self, o: Outcome) {
+        self.decision_records.update(o.decision, |r| {
+            r.measured = Some(crate::decisions::Measured::from_outcome(&o, &r.request));
+            if let Some(log) = &self.request_log
+                && !log.log(r)
+            {
+                self.metrics.request_log_dropped.inc();
+            }
+        });
         self.learn(&o);
         let m = &self.metrics;
         let r = &o.replica.name;

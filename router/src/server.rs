@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission, clock,
+    decisions::Asked,
     edge::{self, listen::Peer},
     error::ApiError,
     node::Node,
@@ -57,6 +58,10 @@ fn admin_routes(node: &Arc<Node>) -> Router<Arc<Node>> {
         .route("/debug/replicas", get(debug_replicas))
         .route("/debug/cluster", get(debug_cluster))
         .route("/debug/predictor", get(debug_predictor))
+        .route("/debug/decisions", get(crate::decisions::api::list))
+        .route("/debug/decisions/{id}", get(crate::decisions::api::one))
+        .route("/debug/summary", get(crate::decisions::api::summary))
+        .route("/dashboard", get(crate::dashboard::page))
         .route_layer(axum::middleware::from_fn_with_state(
             token,
             edge::admin::require_token,
@@ -153,6 +158,8 @@ async fn handle(
     body: Body,
 ) -> Response {
     let arrived = Instant::now();
+    let mut record = None;
+    let record = &mut record;
     let result = async {
         // Identity first: an unauthenticated client never gets its body buffered.
         let tenant = node.tenants.resolve(&headers)?;
@@ -180,12 +187,42 @@ async fn handle(
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
         // The tenant's turn at the gate; the permit lives as long as the response body.
         let permit = admission::admit(&node, &tenant, &profile, arrived).await?;
+        *record = node.decision_records.open(Asked::new(
+            &tenant.name,
+            &profile,
+            node.request_log.is_some(),
+        ));
         let failover = tenant.failover;
-        let resp =
-            proxy::forward(node.clone(), parsed, profile, upstream, arrived, failover).await?;
+        let resp = proxy::forward(
+            node.clone(),
+            parsed,
+            profile,
+            upstream,
+            arrived,
+            failover,
+            *record,
+        )
+        .await?;
         Ok::<_, ApiError>(admission::PermitBody::wrap(resp, permit))
     }
     .await;
+    let record = *record;
+    if let Err(e) = &result {
+        crate::decisions::note_end(
+            &node,
+            record,
+            format!("{} {}", e.status.as_u16(), e.message),
+        );
+    }
+    let mut resp = respond_to(&node, result).await;
+    if let Some(id) = record {
+        resp.headers_mut()
+            .insert(crate::DECISION_HEADER, http::HeaderValue::from(id));
+    }
+    resp
+}
+
+async fn respond_to(node: &Node, result: Result<Response, ApiError>) -> Response {
     match result {
         Ok(resp) if !resp.status().is_success() && !is_json(resp.headers()) => {
             openai_shaped(resp).await

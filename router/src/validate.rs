@@ -15,6 +15,8 @@ pub const MAX_MS: u64 = 86_400_000;
 pub const MAX_SLO_MS: f64 = 3_600_000.0;
 /// Largest request body the router will buffer (1 GiB).
 pub const MAX_BODY_BYTES: usize = 1 << 30;
+/// Most decision records held (≈ 4 KB each over 8 replicas: 4 GB at most).
+pub const MAX_DECISION_RECORDS: usize = 1 << 20;
 /// Most extra attempts per request.
 pub const MAX_RETRIES: u32 = 16;
 
@@ -203,6 +205,21 @@ fn fleet(cfg: &RouterConfig, p: &mut Problems) {
     p.ms("kv_events.silence_timeout_ms", k.silence_timeout_ms);
     p.ms("kv_events.replay_timeout_ms", k.replay_timeout_ms);
     p.ms("kv_events.check_interval_ms", k.check_interval_ms);
+    if cfg.decision_records > MAX_DECISION_RECORDS {
+        p.push(
+            "decision_records",
+            format!(
+                "= {} must be in 0..={MAX_DECISION_RECORDS}",
+                cfg.decision_records
+            ),
+        );
+    }
+    if cfg.request_log.is_some() && cfg.decision_records == 0 {
+        p.push(
+            "request_log",
+            "is written from decision records: set `decision_records` > 0",
+        );
+    }
 }
 
 /// `tcp://HOST:PORT` with a numeric port (what a ZMQ SUB can connect to; `*` is

@@ -31,6 +31,90 @@ enum Cmd {
     Live(headroom_bench::live::cli::LiveArgs),
     /// Requests/s, added latency and CPU/request of headroom serve vs direct vs nginx.
     ProxyOverhead(headroom_bench::live::cli::OverheadArgs),
+    /// How many replicas of each class serve a recorded workload (the router's
+    /// `request_log`) at its own objectives.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// The workload: the router's request log, or any trace `sim` reads.
+    #[arg(long)]
+    workload: String,
+    /// Replica classes (engine profiles) to size, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    classes: Vec<String>,
+    /// Share of requests that must meet both objectives.
+    #[arg(long, default_value_t = 0.9)]
+    target: f64,
+    /// Largest fleet tried per class.
+    #[arg(long, default_value_t = 64)]
+    max_replicas: u32,
+    /// Objectives for requests without them (a router log always has them).
+    #[arg(long, default_value = "generic")]
+    slo: String,
+    #[arg(long, default_value = "slo")]
+    policy: String,
+    /// Router nodes.
+    #[arg(long, default_value_t = 1)]
+    routers: u32,
+    /// Arrival-rate multiplier: plan for this much more (or less) of the same traffic.
+    #[arg(long, default_value_t = 1.0)]
+    rate_scale: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the answer (Markdown and JSON) into this directory too.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn plan(a: PlanArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.target.is_finite() && a.target > 0.0 && a.target <= 1.0,
+        "--target {} not in (0, 1]",
+        a.target
+    );
+    anyhow::ensure!(a.max_replicas >= 1, "--max-replicas must be at least 1");
+    anyhow::ensure!(
+        a.rate_scale.is_finite() && a.rate_scale > 0.0,
+        "--rate-scale {} must be > 0",
+        a.rate_scale
+    );
+    let wl = Workload::from_spec(&a.workload)
+        .with_context(|| format!("workload {}", a.workload))?
+        .with_slo(&SloRule::parse(&a.slo)?);
+    anyhow::ensure!(
+        !wl.requests.is_empty(),
+        "workload {} has no requests",
+        a.workload
+    );
+    for c in &a.classes {
+        headroom_bench::engine::Profile::by_name(c)?;
+    }
+    let ask = headroom_bench::plan::PlanAsk {
+        classes: a.classes.clone(),
+        target: a.target,
+        max_replicas: a.max_replicas,
+        base: SimConfig {
+            policy: a.policy.clone(),
+            routers: a.routers,
+            seed: a.seed,
+            rate_scale: a.rate_scale,
+            ..SimConfig::default()
+        },
+    };
+    let answers = headroom_bench::plan::plan(&wl, &ask)?;
+    let md = headroom_bench::plan::markdown(&answers, a.target, wl.requests.len());
+    print!("{md}");
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::write(dir.join("plan.md"), &md)?;
+        std::fs::write(
+            dir.join("plan.json"),
+            serde_json::to_string_pretty(&answers)?,
+        )?;
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -323,5 +407,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Sim(a) => sim(a),
         Cmd::Live(a) => headroom_bench::live::cli::live(a),
         Cmd::ProxyOverhead(a) => headroom_bench::live::cli::proxy_overhead(a),
+        Cmd::Plan(a) => plan(a),
     }
 }

@@ -50,6 +50,8 @@ pub enum OverheadTarget {
     Nginx,
     /// `headroom serve --policy NAME`.
     Headroom(String),
+    /// The same with decision records off (`--decision-records 0`): what they cost.
+    HeadroomNoRecords(String),
 }
 
 impl OverheadTarget {
@@ -58,19 +60,31 @@ impl OverheadTarget {
             OverheadTarget::Direct => "direct".into(),
             OverheadTarget::Nginx => "nginx".into(),
             OverheadTarget::Headroom(p) => format!("headroom ({p})"),
+            OverheadTarget::HeadroomNoRecords(p) => format!("headroom ({p}, no records)"),
         }
     }
 
-    /// `direct`, `nginx`, `headroom` (round-robin) or `headroom:POLICY`.
+    /// `direct`, `nginx`, `headroom` (round-robin), `headroom:POLICY` or
+    /// `headroom:POLICY:no-records`.
     pub fn parse(s: &str) -> Result<Self, LiveError> {
         match s.trim() {
             "direct" => Ok(OverheadTarget::Direct),
             "nginx" => Ok(OverheadTarget::Nginx),
             "headroom" => Ok(OverheadTarget::Headroom("round-robin".into())),
             t => match t.strip_prefix("headroom:") {
-                Some(p) if !p.is_empty() => Ok(OverheadTarget::Headroom(p.to_string())),
-                _ => Err(LiveError::Options(format!(
-                    "unknown target `{t}` (direct, nginx, headroom, headroom:POLICY)"
+                Some(p) if !p.is_empty() && !p.contains(':') => {
+                    Ok(OverheadTarget::Headroom(p.to_string()))
+                }
+                Some(p) => match p.strip_suffix(":no-records") {
+                    Some(p) if !p.is_empty() && !p.contains(':') => {
+                        Ok(OverheadTarget::HeadroomNoRecords(p.to_string()))
+                    }
+                    _ => Err(LiveError::Options(format!(
+                        "unknown target `{t}` (direct, nginx, headroom, headroom:POLICY, headroom:POLICY:no-records)"
+                    ))),
+                },
+                None => Err(LiveError::Options(format!(
+                    "unknown target `{t}` (direct, nginx, headroom, headroom:POLICY, headroom:POLICY:no-records)"
                 ))),
             },
         }
@@ -376,7 +390,8 @@ async fn run_all(
                     pids: tree_of(pid),
                 }
             }
-            OverheadTarget::Headroom(policy) => {
+            OverheadTarget::Headroom(policy) | OverheadTarget::HeadroomNoRecords(policy) => {
+                let records_off = matches!(t, OverheadTarget::HeadroomNoRecords(_));
                 let bin = find_binary("headroom", opts.bin_dir.as_deref())?;
                 let args = |addr: SocketAddr| {
                     let mut a = vec![
@@ -396,18 +411,15 @@ async fn run_all(
                             format!("http://{u},name=u{i},class=fixed"),
                         ]);
                     }
+                    if records_off {
+                        a.extend(["--decision-records".into(), "0".into()]);
+                    }
                     a.extend(opts.serve_args.iter().cloned());
                     a
                 };
-                let (child, addr) = start_on_free_port(
-                    &format!("headroom ({policy})"),
-                    &bin,
-                    args,
-                    None,
-                    "/ready",
-                    opts.startup_timeout,
-                )
-                .await?;
+                let (child, addr) =
+                    start_on_free_port(&t.name(), &bin, args, None, "/ready", opts.startup_timeout)
+                        .await?;
                 let pid = child.pid();
                 children.push(child);
                 Running {
@@ -648,6 +660,12 @@ mod tests {
             "headroom (slo)"
         );
         assert!(OverheadTarget::parse("envoy").is_err());
+        assert_eq!(
+            OverheadTarget::parse("headroom:slo:no-records").expect("ok"),
+            OverheadTarget::HeadroomNoRecords("slo".into())
+        );
+        assert!(OverheadTarget::parse("headroom:slo:records").is_err());
+        assert!(OverheadTarget::parse("headroom::no-records").is_err());
         let b = request_body("m", 20, 2048);
         assert!((1900..2100).contains(&b.len()), "{}", b.len());
     }

@@ -123,6 +123,9 @@ pub struct Decision {
     /// Per candidate (same indices), the prediction the policy decided on; empty when
     /// the policy does not predict. What headers show and the placement learns against.
     pub predictions: Vec<Prediction>,
+    /// Per candidate (same indices), how the policy judged it against the objectives;
+    /// empty when the policy does not evaluate them. Read only by explanations.
+    pub evals: Vec<slo::Eval>,
     /// Set when the policy fell back (cold model, nothing fits, …).
     pub fallback: Option<&'static str>,
 }
@@ -132,6 +135,7 @@ impl Decision {
         Self {
             choice: Choice::Route(order),
             predictions: Vec::new(),
+            evals: Vec::new(),
             fallback: None,
         }
     }

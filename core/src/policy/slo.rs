@@ -388,6 +388,7 @@ impl Policy for SloPolicy {
                 Decision {
                     choice: Choice::Route(ranked),
                     predictions: preds,
+                    evals,
                     fallback: None,
                 }
             }
@@ -419,6 +420,7 @@ impl Policy for SloPolicy {
                 Decision {
                     choice,
                     predictions: preds,
+                    evals,
                     fallback: Some("no-fit"),
                 }
             }

@@ -46,6 +46,8 @@ pub struct Tracking {
     pub learn: Option<Learn>,
     /// The TTFT label already went to the trainer (at the first token).
     pub ttft_learned: bool,
+    /// Its decision record, where records are on.
+    pub decision: Option<u64>,
 }
 
 enum Mode {
@@ -254,6 +256,7 @@ impl TrackedBody {
             }),
             learn: t.learn,
             ttft_learned: t.ttft_learned,
+            decision: t.decision,
         };
         if outcome.status == OutcomeStatus::Ok {
             t.booking.complete();

@@ -71,6 +71,7 @@ fn choose(
     node: &Node,
     profile: &RequestProfile,
     admission: &mut Admission,
+    record: Option<u64>,
 ) -> Result<(Admit, Replicas), ApiError> {
     let replicas = node.fleet.replicas();
     let inputs = RouteInputs {
@@ -86,7 +87,11 @@ fn choose(
     };
     let mut rng = node.decision_rng();
     let now_s = clock::now_s();
-    let routed = decide::route(&inputs, profile, now_s, &mut rng)?;
+    let routed = match record {
+        Some(_) => decide::route_explained(&inputs, profile, now_s, &mut rng)?,
+        None => decide::route(&inputs, profile, now_s, &mut rng)?,
+    };
+    crate::decisions::note_decision(node, record, &routed, &replicas);
     node.metrics
         .decision_seconds
         .with_label_values(&[node.policy.name()])
@@ -95,6 +100,7 @@ fn choose(
         node.metrics.fallbacks.with_label_values(&[kind]).inc();
     }
     let admit = admission.admit(routed, now_s);
+    crate::decisions::note_admit(node, record, &admit);
     match &admit {
         Admit::Go {
             fallback: Some(kind @ (lifecycle::DEFER_FULL | lifecycle::DEFER_EXPIRED)),
@@ -111,6 +117,7 @@ async fn plan(
     node: &Node,
     profile: &RequestProfile,
     arrived: Instant,
+    record: Option<u64>,
 ) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
     let limits = DeferLimits {
         budget: node.cfg.slo.defer_budget,
@@ -124,7 +131,7 @@ async fn plan(
         node.deferred.clone(),
     );
     loop {
-        match choose(node, profile, &mut admission)? {
+        match choose(node, profile, &mut admission, record)? {
             (Admit::Go { targets, fallback }, replicas) => {
                 let targets = targets
                     .into_iter()
@@ -204,8 +211,9 @@ pub async fn forward(
     headers: HeaderMap,
     arrived: Instant,
     failover: bool,
+    record: Option<u64>,
 ) -> Result<Response<AxumBody>, ApiError> {
-    let (targets, fallback) = plan(&node, &profile, arrived).await?;
+    let (targets, fallback) = plan(&node, &profile, arrived, record).await?;
     let mut last_error: Option<Response<Incoming>> = None;
     let mut last_reason = "no attempt";
     for (attempt, target) in targets.iter().enumerate() {
@@ -244,6 +252,11 @@ pub async fn forward(
                 } else if !status.is_success() {
                     // The client's mistake (4xx): pass it through, not the replica's fault.
                     drop(booking);
+                    crate::decisions::note_end(
+                        node.as_ref(),
+                        record,
+                        format!("{status} from {}", r.name),
+                    );
                     return Ok(passthrough(resp, r));
                 } else {
                     match first_frame(&mut resp, &node).await {
@@ -282,6 +295,7 @@ pub async fn forward(
                     prompt_messages: parsed.messages as u32,
                     learn: Some(target.routed.learn),
                     ttft_learned: false,
+                    decision: record,
                 };
                 let failover =
                     failover::Failover::new(&node, &parsed, &profile, &headers, arrived, failover);
@@ -302,6 +316,8 @@ pub async fn forward(
             Err(AttemptError::Retry(why, resp)) => {
                 drop(booking);
                 last_reason = why;
+                node.decision_records
+                    .update(record, |d| d.retries.push((r.name.clone(), why)));
                 node.metrics
                     .upstream_errors
                     .with_label_values(&[&r.name, why])
@@ -323,6 +339,11 @@ pub async fn forward(
         }
     }
     // Every attempt failed before the first byte.
+    crate::decisions::note_end(
+        node.as_ref(),
+        record,
+        format!("every attempt failed ({last_reason})"),
+    );
     if let (Some(resp), Some(t)) = (last_error, targets.last()) {
         return Ok(passthrough(resp, &t.replica));
     }

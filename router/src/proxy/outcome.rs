@@ -75,6 +75,8 @@ pub struct Outcome {
     pub learn: Option<Learn>,
     /// The TTFT label was learned at the first token already.
     pub ttft_learned: bool,
+    /// Its decision record (`/debug/decisions/{id}`), where records are on.
+    pub decision: Option<u64>,
 }
 
 pub use headroom_core::lifecycle::Reported;

@@ -360,6 +360,7 @@ impl Policy for LlmdPredicted {
             return Decision {
                 choice: Choice::Route(a_res(&all, &w, ctx.rng)),
                 predictions: preds,
+                evals: Vec::new(),
                 fallback: Some("no-prediction"),
             };
         }
@@ -417,6 +418,7 @@ impl Policy for LlmdPredicted {
         Decision {
             choice,
             predictions: preds,
+            evals: Vec::new(),
             fallback,
         }
     }

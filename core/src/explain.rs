@@ -1,0 +1,40 @@
+//! What one decision knew about every candidate, for the operator's decision record
+//! (`GET /debug/decisions/{id}` in the router).
+//!
+//! Built only when the host asks ([`crate::decide::route_explained`]): the plain
+//! [`crate::decide::route`] allocates nothing for it. Cost when asked: one `Vec` of
+//! `n` notes (n = eligible candidates), each a few hundred bytes of copied numbers,
+//! no predictions beyond those the policy already made, except for policies that do
+//! not predict, where one snapshot load and `n` predictions are added.
+
+use headroom_predictor::Prediction;
+
+use crate::{ledger::Load, policy::slo::Eval};
+
+/// One eligible candidate as the policy saw it.
+#[derive(Clone, Debug)]
+pub struct CandidateNote {
+    /// Index into the replica slice given to the decision.
+    pub index: usize,
+    pub cached_tokens: u32,
+    /// This node's in-flight work there and its peers' (gossiped).
+    pub own: Load,
+    pub peers: Load,
+    pub peers_age_s: f64,
+    /// Age of the scrape the decision used; `None` when it was too old to use.
+    pub scraped_age_s: Option<f64>,
+    /// KV-cache use from that scrape (0–1), where the engine reports it.
+    pub kv_usage: Option<f64>,
+    pub prediction: Prediction,
+    /// The `slo` policy's judgement (tier, violation probability, cost); `None` for
+    /// policies that do not evaluate objectives, and while the `slo` policy is cold.
+    pub eval: Option<Eval>,
+    /// Position in the policy's ranking (0 = the choice); `None` when not ranked.
+    pub rank: Option<usize>,
+}
+
+/// Every candidate of one decision, in candidate order.
+#[derive(Clone, Debug, Default)]
+pub struct Explanation {
+    pub candidates: Vec<CandidateNote>,
+}
