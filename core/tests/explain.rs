@@ -27,6 +27,7 @@ fn profile() -> RequestProfile {
         priority: 0,
         fallback: Fallback::LeastBad,
         stream: true,
+        exact_cached: Vec::new(),
     }
 }
 

@@ -438,7 +438,9 @@ pub async fn resume(
     profile: RequestProfile,
     arrived: Instant,
 ) -> Result<Resumed, &'static str> {
-    let (targets, _) = super::plan(&node, &profile, Instant::now())
+    // The continuation is not a decision record of its own (the request's record has the
+    // first placement).
+    let (targets, _) = super::plan(&node, &profile, Instant::now(), None)
         .await
         .map_err(|_| "no_replica")?;
     for (tried, target) in targets
@@ -488,6 +490,7 @@ pub async fn resume(
                             // The continuation's latency is not a request's: not learned.
                             learn: None,
                             ttft_learned: false,
+                            decision: None,
                         };
                         return Ok(Resumed { resp, first, track });
                     }
