@@ -105,6 +105,8 @@ struct Shared {
     status: Mutex<(FeedStatus, SocketCounters)>,
     /// Milliseconds since `epoch` + 1 of the oldest unmet expectation; 0 = none.
     expect_ms: AtomicU64,
+    /// Milliseconds since `epoch` + 1 of the newest frame; 0 = none yet.
+    last_frame_ms: AtomicU64,
     epoch: Instant,
 }
 
@@ -129,11 +131,23 @@ impl SubscriberHandle {
     /// to this replica with full prompt blocks the index says it lacks. No frame
     /// within `silence_timeout` then marks the replica `approximate`.
     pub fn expect_events(&self) {
-        let now = self.shared.epoch.elapsed().as_millis() as u64 + 1;
+        self.expect_events_since(Instant::now());
+    }
+
+    /// [`Self::expect_events`] for a request sent at `at`: the host learns what the
+    /// request needs only once its first byte is back, and by then the engine may have
+    /// published already. A frame since `at` meets the expectation; without this, the
+    /// router armed the check after the events had come, and the feed went
+    /// `approximate` for no loss at all.
+    pub fn expect_events_since(&self, at: Instant) {
+        let at_ms = at.saturating_duration_since(self.shared.epoch).as_millis() as u64 + 1;
+        if self.shared.last_frame_ms.load(Ordering::Relaxed) >= at_ms {
+            return;
+        }
         let _ =
             self.shared
                 .expect_ms
-                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+                .compare_exchange(0, at_ms, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// Stops the task and waits for it.
@@ -156,6 +170,7 @@ pub fn spawn_subscriber(
     let shared = Arc::new(Shared {
         status: Mutex::new((feed.status(), SocketCounters::default())),
         expect_ms: AtomicU64::new(0),
+        last_frame_ms: AtomicU64::new(0),
         epoch: Instant::now(),
     });
     let cancel = cancel.child_token();
@@ -287,6 +302,11 @@ impl Task {
         if since == 0 {
             return;
         }
+        if self.shared.last_frame_ms.load(Ordering::Relaxed) >= since {
+            // A frame came after the request was sent (the expectation raced it).
+            self.shared.expect_ms.store(0, Ordering::Relaxed);
+            return;
+        }
         let now = self.shared.epoch.elapsed().as_millis() as u64 + 1;
         if now.saturating_sub(since) > self.config.silence_timeout.as_millis() as u64 {
             self.feed.mark_stale();
@@ -304,6 +324,8 @@ impl Task {
                 return;
             }
         };
+        let now = self.shared.epoch.elapsed().as_millis() as u64 + 1;
+        self.shared.last_frame_ms.store(now, Ordering::Relaxed);
         self.shared.expect_ms.store(0, Ordering::Relaxed);
         let a = self.feed.live(&mut self.index.write(), seq, payload);
         self.execute(a).await;

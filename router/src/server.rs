@@ -353,6 +353,7 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
     admission::publish(&node);
+    node.kv.export(&node.fleet);
     node.metrics
         .predictor_learned
         .set(node.trainer.learned.load(Relaxed) as i64);

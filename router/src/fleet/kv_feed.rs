@@ -238,11 +238,12 @@ impl KvFeeds {
 
     /// A request went to `replica` with `cached` tokens expected from its cache: if the
     /// prompt has full blocks beyond them, the engine must publish them soon.
-    pub fn sent(&self, replica: u32, prompt_tokens: u32, cached: u32) {
+    /// `dispatched`: when the request left for the engine (events since then count).
+    pub fn sent(&self, replica: u32, prompt_tokens: u32, cached: u32, dispatched: Instant) {
         if let Some(f) = self.feeds.read().get(&replica)
             && prompt_tokens / f.block_size * f.block_size > cached
         {
-            f.handle.expect_events();
+            f.handle.expect_events_since(dispatched);
         }
     }
 
@@ -486,8 +487,10 @@ impl KvFeeds {
         tracing::info!(replica = id, "stopped following KV events");
     }
 
-    /// Refreshes the gauges and counters.
-    fn export(&self, fleet: &Fleet) {
+    /// Refreshes the gauges and counters: every check interval, and at each scrape of
+    /// `/metrics`, so a scrape never reads a state older than the feed's own (the
+    /// manager's loop may be awaiting a discovery when the state changes).
+    pub fn export(&self, fleet: &Fleet) {
         let m = &self.metrics;
         m.index_blocks.set(self.index.read().len() as i64);
         let feeds = self.feeds.read();

@@ -279,8 +279,12 @@ pub async fn forward(
                 if let Some(mesh) = node.mesh.get() {
                     mesh.note_prefix(r.key, &profile.blocks);
                 }
-                node.kv
-                    .sent(r.id, profile.prompt_tokens, target.routed.cached_tokens);
+                node.kv.sent(
+                    r.id,
+                    profile.prompt_tokens,
+                    target.routed.cached_tokens,
+                    dispatched,
+                );
                 let track = Tracking {
                     node: node.clone(),
                     replica: r.clone(),
