@@ -15,7 +15,7 @@ use headroom_predictor::{Observation, Prediction, ReplicaKey, SharedPredictor};
 use crate::{
     explain::{CandidateNote, Explanation},
     policy::{
-        CandidateError, Choice, DecideCtx, Policy, RequestProfile, build_candidates,
+        CandidateError, Choice, DecideCtx, NoFit, Policy, RequestProfile, build_candidates,
         candidates::CandidateParams, features,
     },
     prefix::PrefixIndex,
@@ -46,8 +46,8 @@ pub enum Verdict {
     /// Nothing fits now: ask again after this many seconds; `targets` is the
     /// least-bad order for when the deadline passes.
     Defer(f64),
-    /// Refuse, saying why.
-    Reject(String),
+    /// Refuse, saying why and when to retry.
+    Reject(NoFit),
 }
 
 #[derive(Clone, Debug)]
@@ -142,7 +142,7 @@ fn route_inner<R: ReplicaView>(
             fallback_order,
             ..
         } => (Verdict::Defer(*retry_after_s), targets(fallback_order)),
-        Choice::Reject(reason) => (Verdict::Reject(reason.clone()), Vec::new()),
+        Choice::Reject(no) => (Verdict::Reject(no.clone()), Vec::new()),
     };
     let decision_ns = started.elapsed().as_nanos() as u64;
     let explain = explain.then(|| {

@@ -23,7 +23,7 @@ use headroom_predictor::{ModelState, Sample};
 use crate::{
     decide::{Learn, Routed, RoutedTarget, Verdict},
     ledger::{Booking, BookingSpec},
-    policy::RequestProfile,
+    policy::{NoFit, RequestProfile},
     prefix::PrefixIndex,
     view::ReplicaView,
 };
@@ -93,8 +93,8 @@ pub enum Admit {
     },
     /// Decide again after this many seconds.
     Wait(f64),
-    /// Refuse, saying why.
-    Reject(String),
+    /// Refuse, saying why and when to retry.
+    Reject(NoFit),
 }
 
 /// One request's admission: its deadline and its deferral slot, if it waited.
@@ -156,7 +156,7 @@ impl Admission {
                 }
                 Admit::Wait(wait)
             }
-            Verdict::Reject(reason) => Admit::Reject(reason),
+            Verdict::Reject(no) => Admit::Reject(no),
         }
     }
 }

@@ -7,7 +7,7 @@ use headroom_core::{
     Admission, Admit, DeferLimits, Deferrals, Fallback, Finished, PlainReplica, Reported,
     RequestProfile, RouteInputs, Slo, lifecycle,
     policy::{
-        Candidate, Choice, DecideCtx, Decision, Policy, PolicyName, build,
+        Candidate, Choice, DecideCtx, Decision, NoFit, Policy, PolicyName, build,
         candidates::CandidateParams,
     },
     prefix::PrefixIndex,
@@ -193,12 +193,12 @@ fn beyond_max_deferred_a_request_goes_at_once_and_a_waiter_is_labelled() {
         other => panic!("{other:?}"),
     }
     let reject = Scripted {
-        choice: Choice::Reject("no".into()),
+        choice: Choice::Reject(NoFit::new("no".into(), 2.5)),
     };
     let mut third = Admission::new(&p, 0.0, LIMITS, deferrals);
     assert!(matches!(
         third.admit(routed(&reject, &rs, 0.0), 0.0),
-        Admit::Reject(r) if r == "no"
+        Admit::Reject(r) if r.reason == "no" && r.retry_after_secs() == 3
     ));
 }
 

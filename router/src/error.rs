@@ -64,8 +64,15 @@ impl ApiError {
             format!("No healthy replica can serve model `{model}` right now."),
         )
     }
-    pub fn shed(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", reason)
+    /// No replica can meet the request's objectives now: the fleet is full for it (503),
+    /// with the policy's estimate of when a retry could fit.
+    pub fn no_fit(no: &headroom_core::policy::NoFit) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            no.reason.clone(),
+        )
+        .with_retry_after(no.retry_after_secs())
     }
     pub fn upstream(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)
@@ -139,5 +146,15 @@ mod tests {
         let sse = String::from_utf8(e.sse_bytes().to_vec()).unwrap();
         assert!(sse.starts_with("data: {\"error\""));
         assert!(sse.ends_with("data: [DONE]\n\n"));
+    }
+
+    /// Nothing fits: the fleet is full for this request (503, not the tenant's 429),
+    /// and the client is told when to retry.
+    #[test]
+    fn a_no_fit_refusal_is_503_with_retry_after() {
+        let no = headroom_core::policy::NoFit::new("no replica fits".into(), 3.2);
+        let resp = ApiError::no_fit(&no).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "4");
     }
 }

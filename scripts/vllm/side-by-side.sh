@@ -12,6 +12,7 @@
 #      HEADROOM_SBS_JOURNAL_DIR (Headroom's routers write their learner's journal to
 #      DIR/SYSTEM.jsonl, `predictor_journal`; replay: predictor/tests/real_cpu_journal.rs),
 #      HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
+# Headroom's decision records go to OUT/decisions-SYSTEM.json (`/debug/decisions`).
 #
 # Every system routes to the same servers in turn; the servers are started once and
 # their prefix caches reset before each system (vLLM's dev endpoint), so none inherits
@@ -77,6 +78,12 @@ measure() { # LABEL PORT CMD...
     "$BIN/headroom-bench" live --target "http://127.0.0.1:$port" --label "$label" \
         --target-pid "$ROUTER_PID" --workload "$WORKLOAD" --slo "$SLO" --model tiny-llama \
         --max-model-len 4096 --text-prompts --request-timeout-s 120 --warmup-s "$WARMUP" --out "$OUT" >&2
+    # Headroom's decision records (what each candidate was predicted, why it won or
+    # lost, what was measured), newest first, for reading a run afterwards.
+    if [[ "$label" == headroom-* ]]; then
+        curl -sf "http://127.0.0.1:$port/debug/decisions?limit=4096" > "$OUT/decisions-$label.json" \
+            || log "$label: no decision records"
+    fi
     kill -TERM "$ROUTER_PID" 2>/dev/null || true
     wait "$ROUTER_PID" 2>/dev/null || true
     ROUTER_PID=""

@@ -569,7 +569,7 @@ impl<'w> Simulator<'w> {
                 self.place(i, node_ix, target, fallback, t);
             }
             Admit::Wait(after_s) => self.q.push(t + after_s, Ev::Retry(i as u32)),
-            Admit::Reject(reason) => self.reject(i, node_ix as u32, t, &reason),
+            Admit::Reject(no) => self.reject(i, node_ix as u32, t, &no.reason),
         }
     }
 

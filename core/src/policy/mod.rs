@@ -107,7 +107,7 @@ pub enum Choice {
     /// Candidate indices: the choice first, then retry targets.
     Route(Vec<usize>),
     /// Nothing fits and the tenant prefers a fast refusal.
-    Reject(String),
+    Reject(NoFit),
     /// Nothing fits now; ask again after `retry_after_s` (within the deadline), and
     /// past the deadline go to `fallback_order` (least bad first).
     Defer {
@@ -115,6 +115,41 @@ pub enum Choice {
         reason: String,
         fallback_order: Vec<usize>,
     },
+}
+
+/// A refusal because no replica can meet the request's objectives now: the fleet's
+/// condition, not the tenant's (the router answers 503 with `Retry-After`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NoFit {
+    pub reason: String,
+    /// Seconds until a retry may fit (the policy's estimate; at least 1 s).
+    pub retry_after_s: f64,
+}
+
+impl NoFit {
+    /// Shortest `Retry-After` (s): a no-fit is measured in queue drain, not instants.
+    pub const MIN_RETRY_S: f64 = 1.0;
+    /// Longest (s): past this the estimate says nothing useful.
+    pub const MAX_RETRY_S: f64 = 60.0;
+
+    /// A refusal whose retry time is `retry_after_s`, clamped to the range above
+    /// (a NaN says the minimum).
+    pub fn new(reason: String, retry_after_s: f64) -> Self {
+        let r = if retry_after_s.is_nan() {
+            Self::MIN_RETRY_S
+        } else {
+            retry_after_s.clamp(Self::MIN_RETRY_S, Self::MAX_RETRY_S)
+        };
+        Self {
+            reason,
+            retry_after_s: r,
+        }
+    }
+
+    /// Whole seconds for the header, rounded up.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.retry_after_s.ceil() as u64
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

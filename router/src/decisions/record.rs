@@ -180,7 +180,7 @@ impl Decided {
         let (verdict, reject_reason) = match &routed.verdict {
             Verdict::Go => ("go", None),
             Verdict::Defer(_) => ("defer", None),
-            Verdict::Reject(why) => ("reject", Some(why.clone())),
+            Verdict::Reject(no) => ("reject", Some(no.reason.clone())),
         };
         Self {
             policy,

@@ -145,7 +145,7 @@ async fn plan(
             (Admit::Wait(after_s), _) => {
                 tokio::time::sleep(std::time::Duration::from_secs_f64(after_s)).await;
             }
-            (Admit::Reject(reason), _) => return Err(ApiError::shed(reason)),
+            (Admit::Reject(no), _) => return Err(ApiError::no_fit(&no)),
         }
     }
 }

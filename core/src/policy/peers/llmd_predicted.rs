@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{a_res, prefix_score, scraped_kv_usage, scraped_waiting};
 use crate::policy::{
-    Candidate, Choice, DecideCtx, Decision, Policy, RequestProfile, Slo, features,
+    Candidate, Choice, DecideCtx, Decision, NoFit, Policy, RequestProfile, Slo, features,
 };
 
 /// How positive headroom maps to a score.
@@ -401,9 +401,12 @@ impl Policy for LlmdPredicted {
             || infos.iter().any(Info::idle)
             || cands.iter().any(|c| scraped_kv_usage(c) < COLD_KV);
         let choice = if req.priority < 0 && !admissible {
-            Choice::Reject(format!(
-                "sheddable request: no replica is predicted to meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms, and none is idle or cold",
-                req.slo.ttft_ms, req.slo.tpot_ms
+            Choice::Reject(NoFit::new(
+                format!(
+                    "sheddable request: no replica is predicted to meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms, and none is idle or cold",
+                    req.slo.ttft_ms, req.slo.tpot_ms
+                ),
+                NoFit::MIN_RETRY_S,
             ))
         } else {
             Choice::Route(order)
