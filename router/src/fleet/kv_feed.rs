@@ -299,6 +299,7 @@ impl KvFeeds {
             let shared = self.share.lock().as_ref().and_then(|sh| sh.stream_of(r.id));
             return json!({
                 "mesh_epoch": shared.map(|x| x.0), "mesh_seq": shared.map(|x| x.1),
+                "mesh_covers_next_seq": shared.and_then(|x| x.2),
                 "state": s.state.as_str(), "endpoint": f.endpoint, "replay_endpoint": f.replay,
                 "block_size": f.block_size, "blocks": s.blocks, "next_seq": s.next_seq,
                 "batches_applied": c.batches_applied, "duplicates": c.duplicates, "gaps": c.gaps,

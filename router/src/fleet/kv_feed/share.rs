@@ -30,13 +30,16 @@ use crate::clock;
 /// This node's sharing state: one outbox per followed replica.
 pub(super) struct ShareState {
     stale_s: f64,
-    outboxes: HashMap<u32, (u64, Outbox)>,
+    /// Per followed replica: its mesh key, its outbox, and the engine seq its
+    /// published deltas cover (every batch below it is in them).
+    outboxes: HashMap<u32, (u64, Outbox, Option<u64>)>,
 }
 
 impl ShareState {
-    /// `(epoch, last seq)` of the stream this node publishes for replica `id`.
-    pub(super) fn stream_of(&self, id: u32) -> Option<(u64, u64)> {
-        self.outboxes.get(&id).map(|(_, o)| (o.epoch, o.seq))
+    /// `(epoch, last seq, engine seq covered)` of the stream this node publishes for
+    /// replica `id`.
+    pub(super) fn stream_of(&self, id: u32) -> Option<(u64, u64, Option<u64>)> {
+        self.outboxes.get(&id).map(|(_, o, c)| (o.epoch, o.seq, *c))
     }
 }
 
@@ -111,14 +114,17 @@ impl KvFeeds {
             let entry = share
                 .outboxes
                 .entry(*id)
-                .or_insert_with(|| (r, Outbox::new(next_epoch(clock::unix_ms()))));
+                .or_insert_with(|| (r, Outbox::new(next_epoch(clock::unix_ms())), None));
             let mut net = NetDelta::of(ops.remove(&f.slot).unwrap_or_default());
             if overflowed {
                 // Changes were lost: peers start over from a snapshot of a new epoch.
                 entry.1 = Outbox::new(next_epoch(clock::unix_ms()));
                 net = NetDelta::default();
             }
-            let state = f.handle.status().state;
+            // Read under the index lock: a batch its status counts was applied before.
+            let status = f.handle.status();
+            let state = status.state;
+            entry.2 = status.next_seq;
             let deltas = entry.1.deltas(net, state, now_s, heartbeat_s);
             let snapshot = entry.1.snapshot_due(now_s).then(|| {
                 let (keys, evicted) = ix.keys_of(f.slot);
@@ -137,7 +143,7 @@ impl KvFeeds {
         }
         drop(ix);
         let mut stopped = Vec::new();
-        share.outboxes.retain(|id, (key, _)| {
+        share.outboxes.retain(|id, (key, _, _)| {
             let keep = feeds.contains_key(id);
             if !keep {
                 stopped.push(*key);
