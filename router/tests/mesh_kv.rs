@@ -134,7 +134,7 @@ async fn synced(owner: SocketAddr, other: SocketAddr, mock: &Mock) -> Duration {
 async fn a_node_that_does_not_follow_the_engine_counts_cached_tokens_exactly() {
     let (url, mock, _stop) = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    headroom_gossip::write_dev_certs(dir.path(), &["a", "b"]).unwrap();
+    headroom_gossip::write_dev_certs(dir.path(), &["a", "b", "c"]).unwrap();
     let config = dir.path().join("headroom.toml");
     std::fs::write(
         &config,
@@ -223,32 +223,92 @@ async fn a_node_that_does_not_follow_the_engine_counts_cached_tokens_exactly() {
         synced(owner, other, &mock).await;
     }
 
-    // 3. The owner dies: the other never claims `precise` from the silent mirror, then
-    // follows the events itself and is exact again.
+    // 3. A third node joins: it catches up from the owner's snapshot and deltas (the
+    // rendezvous may also hand it the replica; either way one node follows the events
+    // and every other mirrors it, exactly).
+    let (gc, hc) = (free_udp(), free_tcp());
+    procs.push(Some(start_node("c", hc, gc, ga, dir.path(), &config, &url)));
+    let http = [ha, hb, hc];
+    let joined = Instant::now();
+    let owner_i = roles(&http, "after c joined").await;
+    eprintln!(
+        "c joined: one follower, two mirrors, all precise in {} ms",
+        joined.elapsed().as_millis()
+    );
+    exact_through_mirrors(&http, owner_i, &mock, 700).await;
+
+    // 4. The owner dies: no survivor claims `precise` from its silent stream; one of
+    // them follows the events itself, the other mirrors that one, exact again.
     let killed = Instant::now();
     procs[owner_i] = None;
-    let t = until(
-        "the other node takes the replica over",
-        Duration::from_secs(40),
-        async || {
-            let s = feed(other).await;
-            if s["source"] == "mesh" && killed.elapsed() > Duration::from_millis(3_500) {
+    let alive: Vec<SocketAddr> = (0..3).filter(|i| *i != owner_i).map(|i| http[i]).collect();
+    let old = http[owner_i];
+    until("a survivor takes the replica over", Duration::from_secs(40), async || {
+        let mut events = 0;
+        for n in &alive {
+            let s = feed(*n).await;
+            if s["source"] == "mesh" && s["owner"] == old_id(old, &http) && killed.elapsed() > Duration::from_millis(3_500) {
                 assert_ne!(s["state"], "precise", "precise from a dead owner: {s}");
             }
-            s["source"] == "events" && s["state"] == "precise"
-        },
-    )
+            events += usize::from(s["source"] == "events" && s["state"] == "precise");
+        }
+        events == 1
+    })
     .await;
-    eprintln!("owner killed → the other follows the events, precise, in {} ms", t.as_millis());
-    for i in 0..4u32 {
-        let a = send(other, &prompt(i % 2, 500 + i, 110)).await;
-        assert_eq!(a.source, "precise");
-        assert_eq!(a.router, a.engine, "after the handover: request {i}");
-        let want = mock.published();
-        until("the new owner catches up", Duration::from_secs(5), async || {
-            feed(other).await["next_seq"].as_u64().unwrap_or(0) >= want
-        })
-        .await;
-    }
+    let new_i = roles(&alive, "after the owner died").await;
+    eprintln!(
+        "owner killed → a survivor follows the events and the other mirrors it, all precise, in {} ms",
+        killed.elapsed().as_millis()
+    );
+    exact_through_mirrors(&alive, new_i, &mock, 800).await;
     drop(procs);
+}
+
+/// The node id behind `addr` among `http` (ids a, b, c in start order).
+fn old_id(addr: SocketAddr, http: &[SocketAddr]) -> Value {
+    let i = http.iter().position(|h| *h == addr).unwrap_or(0);
+    json!(["a", "b", "c"][i])
+}
+
+/// Waits until exactly one of `nodes` follows the events and every other mirrors it,
+/// all `precise`; returns the follower's position.
+async fn roles(nodes: &[SocketAddr], what: &str) -> usize {
+    let mut owner = 0;
+    until(what, Duration::from_secs(40), async || {
+        let mut events = Vec::new();
+        let mut all = true;
+        for (i, n) in nodes.iter().enumerate() {
+            let s = feed(*n).await;
+            all &= s["state"] == "precise";
+            if s["source"] == "events" {
+                events.push(i);
+            } else {
+                all &= s["source"] == "mesh";
+            }
+        }
+        if all && events.len() == 1 {
+            owner = events[0];
+            true
+        } else {
+            false
+        }
+    })
+    .await;
+    owner
+}
+
+/// Requests through every node but the follower: each count equals the engine's.
+async fn exact_through_mirrors(nodes: &[SocketAddr], owner_i: usize, mock: &Mock, base: u32) {
+    let owner = nodes[owner_i];
+    for (j, other) in nodes.iter().enumerate().filter(|(j, _)| *j != owner_i) {
+        for i in 0..3u32 {
+            let ids = prompt(i % 2, base + 10 * j as u32 + i, 110);
+            let a = send(*other, &ids).await;
+            assert_eq!(a.source, "precise", "node {j}, request {i}");
+            assert_eq!(a.router, a.engine, "node {j}, request {i}: mirror vs engine");
+            for n in nodes.iter().filter(|n| **n != owner) {
+                synced(owner, *n, mock).await;
+            }
+        }
+    }
 }
