@@ -307,7 +307,9 @@ impl Mesh {
             return Err(MeshError::NotGlobal(value.kind()));
         }
         let g = self.global.as_ref().ok_or(MeshError::CrossRegionDisabled)?;
-        set_value(g, key, value, self.max_value_bytes).await.map(|_| ())
+        set_value(g, key, value, self.max_value_bytes)
+            .await
+            .map(|_| ())
     }
 
     /// Deletes this node's regional `key` (peers get `ValueRemoved`).

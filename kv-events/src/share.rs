@@ -196,7 +196,8 @@ impl Outbox {
         match self.snap_seq {
             None => true,
             Some(s) => {
-                self.changed && (now_s - self.snap_at >= SNAPSHOT_EVERY_S || self.seq - s >= WINDOW / 2)
+                self.changed
+                    && (now_s - self.snap_at >= SNAPSHOT_EVERY_S || self.seq - s >= WINDOW / 2)
             }
         }
     }
@@ -237,7 +238,10 @@ mod tests {
         assert!(d[0].clear && !d[1].clear);
         assert_eq!(d[0].stored.len() + d[0].removed.len(), DELTA_CAP);
         assert_eq!(d[1].stored.len(), 11);
-        assert!(o.deltas(NetDelta::default(), FeedState::Precise, 0.5, 1.0).is_empty());
+        assert!(
+            o.deltas(NetDelta::default(), FeedState::Precise, 0.5, 1.0)
+                .is_empty()
+        );
         let hb = o.deltas(NetDelta::default(), FeedState::Precise, 1.0, 1.0);
         assert_eq!(hb.len(), 1, "heartbeat");
         let st = o.deltas(NetDelta::default(), FeedState::Recovering, 1.1, 1.0);

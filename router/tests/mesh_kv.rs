@@ -119,14 +119,18 @@ async fn send(http: SocketAddr, ids: &[u32]) -> Answer {
 /// and the mirror on `other` applied them; returns how long that took.
 async fn synced(owner: SocketAddr, other: SocketAddr, mock: &Mock) -> Duration {
     let want = mock.published();
-    until("the mirror to catch up", Duration::from_secs(10), async || {
-        let (o, m) = (feed(owner).await, feed(other).await);
-        o["state"] == "precise"
-            && o["mesh_covers_next_seq"].as_u64().unwrap_or(0) >= want
-            && m["state"] == "precise"
-            && m["epoch"] == o["mesh_epoch"]
-            && m["next_seq"].as_u64() == o["mesh_seq"].as_u64().map(|s| s + 1)
-    })
+    until(
+        "the mirror to catch up",
+        Duration::from_secs(10),
+        async || {
+            let (o, m) = (feed(owner).await, feed(other).await);
+            o["state"] == "precise"
+                && o["mesh_covers_next_seq"].as_u64().unwrap_or(0) >= want
+                && m["state"] == "precise"
+                && m["epoch"] == o["mesh_epoch"]
+                && m["next_seq"].as_u64() == o["mesh_seq"].as_u64().map(|s| s + 1)
+        },
+    )
     .await
 }
 
@@ -161,7 +165,10 @@ async fn a_node_that_does_not_follow_the_engine_counts_cached_tokens_exactly() {
         },
     )
     .await;
-    eprintln!("follower and mirror precise {} ms after start", t.as_millis());
+    eprintln!(
+        "follower and mirror precise {} ms after start",
+        t.as_millis()
+    );
     let owner_i = if feed(ha).await["source"] == "events" {
         0
     } else {
@@ -243,17 +250,24 @@ async fn a_node_that_does_not_follow_the_engine_counts_cached_tokens_exactly() {
     procs[owner_i] = None;
     let alive: Vec<SocketAddr> = (0..3).filter(|i| *i != owner_i).map(|i| http[i]).collect();
     let old = http[owner_i];
-    until("a survivor takes the replica over", Duration::from_secs(40), async || {
-        let mut events = 0;
-        for n in &alive {
-            let s = feed(*n).await;
-            if s["source"] == "mesh" && s["owner"] == old_id(old, &http) && killed.elapsed() > Duration::from_millis(3_500) {
-                assert_ne!(s["state"], "precise", "precise from a dead owner: {s}");
+    until(
+        "a survivor takes the replica over",
+        Duration::from_secs(40),
+        async || {
+            let mut events = 0;
+            for n in &alive {
+                let s = feed(*n).await;
+                if s["source"] == "mesh"
+                    && s["owner"] == old_id(old, &http)
+                    && killed.elapsed() > Duration::from_millis(3_500)
+                {
+                    assert_ne!(s["state"], "precise", "precise from a dead owner: {s}");
+                }
+                events += usize::from(s["source"] == "events" && s["state"] == "precise");
             }
-            events += usize::from(s["source"] == "events" && s["state"] == "precise");
-        }
-        events == 1
-    })
+            events == 1
+        },
+    )
     .await;
     let new_i = roles(&alive, "after the owner died").await;
     eprintln!(
@@ -305,7 +319,10 @@ async fn exact_through_mirrors(nodes: &[SocketAddr], owner_i: usize, mock: &Mock
             let ids = prompt(i % 2, base + 10 * j as u32 + i, 110);
             let a = send(*other, &ids).await;
             assert_eq!(a.source, "precise", "node {j}, request {i}");
-            assert_eq!(a.router, a.engine, "node {j}, request {i}: mirror vs engine");
+            assert_eq!(
+                a.router, a.engine,
+                "node {j}, request {i}: mirror vs engine"
+            );
             for n in nodes.iter().filter(|n| **n != owner) {
                 synced(owner, *n, mock).await;
             }

@@ -296,7 +296,11 @@ mod tests {
             stored: vec![1],
         };
         assert!(encode(&WireValue::KvDelta(d.clone()), 0, 1 << 20).is_err());
-        let d = KvDelta { removed: vec![], state: 3, ..d };
+        let d = KvDelta {
+            removed: vec![],
+            state: 3,
+            ..d
+        };
         assert!(encode(&WireValue::KvDelta(d), 0, 1 << 20).is_err());
         let p = KvSnapshot {
             replica: 7,
@@ -320,7 +324,9 @@ mod tests {
             block_size: 16,
             hashes: vec![u64::MAX; KV_PART_CAP],
         };
-        let n = encode(&WireValue::KvSnapshot(full), 0, 1 << 20).unwrap().len();
+        let n = encode(&WireValue::KvSnapshot(full), 0, 1 << 20)
+            .unwrap()
+            .len();
         assert!(n <= 32 * 1024, "{n} bytes");
     }
 

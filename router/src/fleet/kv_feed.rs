@@ -616,7 +616,10 @@ impl KvFeeds {
 }
 
 /// A slot neither a local feed nor a mirror uses.
-fn free_slot(feeds: &HashMap<u32, Arc<Follow>>, remote: &HashMap<u32, Mirror>) -> Option<ReplicaId> {
+fn free_slot(
+    feeds: &HashMap<u32, Arc<Follow>>,
+    remote: &HashMap<u32, Mirror>,
+) -> Option<ReplicaId> {
     let used: Vec<ReplicaId> = feeds
         .values()
         .map(|f| f.slot)

@@ -12,10 +12,10 @@
 //! snapshot (chitchat versions follow publish order), remove the keys of replicas no
 //! longer followed, and let mirrors time out their gaps.
 //!
-//! Bandwidth, per followed replica and receiving peer: deltas ≈ 8 B × changed blocks
-//! + ~100 B per delta (a heartbeat per `mesh.heartbeat_ms` when idle), snapshots
-//! 8 B × held blocks per [`headroom_kv_events::share::SNAPSHOT_EVERY_S`] (or per
-//! window/2 deltas) while the view changes, and every value again per TTL/3 (the
+//! Bandwidth, per followed replica and receiving peer: deltas cost 8 B per changed
+//! block plus ~100 B each (a heartbeat per `mesh.heartbeat_ms` when idle); snapshots
+//! 8 B per held block, per [`headroom_kv_events::share::SNAPSHOT_EVERY_S`] (or per
+//! window/2 deltas) while the view changes; and every value again per TTL/3 (the
 //! mesh refreshes what it publishes). Measured: `router/tests/mesh_kv.rs`.
 
 use std::{

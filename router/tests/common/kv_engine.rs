@@ -215,4 +215,3 @@ pub fn prompt(prefix: u32, suffix: u32, len: u32) -> Vec<u32> {
         })
         .collect()
 }
-
