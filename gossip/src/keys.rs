@@ -44,6 +44,16 @@ pub fn prefix(replica: u64) -> String {
     format!("prefix/{replica:016x}")
 }
 
+/// The `KvDelta` slot for `seq` of one replica (slots rotate: `seq mod window`).
+pub fn kv_delta(replica: u64, seq: u64, window: u64) -> String {
+    format!("kv/{replica:016x}/d{}", seq % window.max(1))
+}
+
+/// Part `part` of one replica's `KvSnapshot`.
+pub fn kv_snapshot(replica: u64, part: u16) -> String {
+    format!("kv/{replica:016x}/s{part}")
+}
+
 /// One `PredictorSlot` (split large federations over several slots).
 pub fn predictor(slot: u32) -> String {
     format!("pred/{slot}")
@@ -65,6 +75,8 @@ mod tests {
             inflight(),
             scrape(u64::MAX),
             prefix(1),
+            kv_delta(u64::MAX, 65, 64),
+            kv_snapshot(u64::MAX, 63),
             predictor(3),
             summary("eu-west"),
         ] {

@@ -295,8 +295,9 @@ impl Mesh {
     }
 
     /// Publishes this node's `key` in its region. The mesh keeps it alive (refreshes)
-    /// until [`Mesh::remove`] or shutdown.
-    pub async fn publish(&self, key: &str, value: &WireValue) -> Result<(), MeshError> {
+    /// until [`Mesh::remove`] or shutdown. Returns the value's size in chitchat (base64
+    /// text bytes), for callers that account their bandwidth.
+    pub async fn publish(&self, key: &str, value: &WireValue) -> Result<usize, MeshError> {
         set_value(&self.regional, key, value, self.max_value_bytes).await
     }
 
@@ -306,7 +307,9 @@ impl Mesh {
             return Err(MeshError::NotGlobal(value.kind()));
         }
         let g = self.global.as_ref().ok_or(MeshError::CrossRegionDisabled)?;
-        set_value(g, key, value, self.max_value_bytes).await
+        set_value(g, key, value, self.max_value_bytes)
+            .await
+            .map(|_| ())
     }
 
     /// Deletes this node's regional `key` (peers get `ValueRemoved`).
@@ -459,16 +462,22 @@ impl Mesh {
     }
 }
 
-async fn set_value(c: &Cluster, key: &str, value: &WireValue, cap: usize) -> Result<(), MeshError> {
+async fn set_value(
+    c: &Cluster,
+    key: &str,
+    value: &WireValue,
+    cap: usize,
+) -> Result<usize, MeshError> {
     validate_key(key)?;
     let text = wire::encode_text(value, now_ms(), cap)?;
+    let len = text.len();
     c.handle
         .with_chitchat(|cc| cc.self_node_state().set_with_ttl(key, &text))
         .await;
     c.local
         .lock()
         .insert(key.to_string(), (value.clone(), Instant::now()));
-    Ok(())
+    Ok(len)
 }
 
 async fn remove_value(c: &Cluster, key: &str) {

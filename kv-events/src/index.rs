@@ -16,6 +16,13 @@
 //! - Table hashes are the key mixed with a per-process random secret, so crafted
 //!   prompts cannot force collisions.
 //! - Replica ids are `0..MAX_REPLICAS`; holders are one 128-bit set per entry.
+//! - For replicas marked with [`BlockIndex::set_logged`] (those a router node follows
+//!   itself and shares over its mesh) every change the events make is appended to a
+//!   bounded change log, drained by [`BlockIndex::drain_log`]: a first store of a block
+//!   for the replica, every removal asked for (found or not: an evicted block the
+//!   engine then drops must be dropped by peers too) and whole-replica clears.
+//!   Evictions are not logged (they are this node's memory limit, not the engine's
+//!   state). Past [`LOG_CAP`] ops an op is dropped and its replica flagged overflowed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,6 +30,27 @@ use hashbrown::HashTable;
 
 /// Replicas one index can track (one bit each per block).
 pub const MAX_REPLICAS: usize = 128;
+
+/// Most ops the change log holds between drains (16 B each: 16 MiB).
+pub const LOG_CAP: usize = 1 << 20;
+
+/// One logged change of a replica's blocks (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexOp {
+    Stored(u64),
+    Removed(u64),
+    /// Every block of the replica was dropped.
+    Cleared,
+}
+
+/// What [`BlockIndex::drain_log`] hands over.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainedLog {
+    /// In the order they happened.
+    pub ops: Vec<(ReplicaId, IndexOp)>,
+    /// Replicas whose ops were dropped at [`LOG_CAP`] since the last drain.
+    pub overflowed: u128,
+}
 
 /// A replica's slot in the index, `0..MAX_REPLICAS`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,6 +122,8 @@ pub struct BlockIndex {
     hand: usize,
     secret: u64,
     stats: IndexStats,
+    logged: u128,
+    log: DrainedLog,
 }
 
 #[inline]
@@ -119,7 +149,59 @@ impl BlockIndex {
             hand: 0,
             secret: random_secret(),
             stats: IndexStats::default(),
+            logged: 0,
+            log: DrainedLog::default(),
         }
+    }
+
+    /// Starts (`on`) or stops logging `r`'s changes; stopping drops its pending ops.
+    pub fn set_logged(&mut self, r: ReplicaId, on: bool) {
+        if on {
+            self.logged |= r.bit();
+        } else {
+            self.logged &= !r.bit();
+            self.log.ops.retain(|(id, _)| *id != r);
+            self.log.overflowed &= !r.bit();
+        }
+    }
+
+    /// Takes the change log (see the module docs).
+    pub fn drain_log(&mut self) -> DrainedLog {
+        std::mem::take(&mut self.log)
+    }
+
+    fn note(&mut self, r: ReplicaId, op: IndexOp) {
+        if self.logged & r.bit() == 0 {
+            return;
+        }
+        if self.log.ops.len() >= LOG_CAP {
+            self.log.overflowed |= r.bit();
+            return;
+        }
+        self.log.ops.push((r, op));
+    }
+
+    /// Every block `r` holds here (O(len)); true in `.1` when the index ever evicted,
+    /// so the list may miss blocks the replica holds.
+    pub fn keys_of(&self, r: ReplicaId) -> (Vec<u64>, bool) {
+        let keys = self
+            .entries
+            .iter()
+            .filter(|e| e.holders & r.bit() != 0)
+            .map(|e| e.key)
+            .collect();
+        (keys, self.stats.evictions > 0)
+    }
+
+    /// Drops `r` from each of `keys` and logs one clear, not one removal per key.
+    pub fn clear_keys(&mut self, keys: impl IntoIterator<Item = u64>, r: ReplicaId) {
+        let logged = self.logged & r.bit();
+        self.logged &= !r.bit();
+        for k in keys {
+            self.remove(k, r);
+        }
+        self.logged |= logged;
+        self.note(r, IndexOp::Cleared);
     }
 
     pub fn cap(&self) -> usize {
@@ -170,11 +252,13 @@ impl BlockIndex {
     pub fn insert(&mut self, key: u64, r: ReplicaId) {
         if let Some(i) = self.find(key) {
             let e = &mut self.entries[i as usize];
-            if e.holders & r.bit() == 0 {
-                self.stats.inserts += 1;
-            }
+            let new = e.holders & r.bit() == 0;
             e.holders |= r.bit();
             *e.referenced.get_mut() = true;
+            if new {
+                self.stats.inserts += 1;
+                self.note(r, IndexOp::Stored(key));
+            }
             return;
         }
         if self.entries.len() >= self.cap {
@@ -191,10 +275,12 @@ impl BlockIndex {
             mix(entries[i as usize].key, secret)
         });
         self.stats.inserts += 1;
+        self.note(r, IndexOp::Stored(key));
     }
 
     /// Records that `r` no longer holds `key`; true when it did.
     pub fn remove(&mut self, key: u64, r: ReplicaId) -> bool {
+        self.note(r, IndexOp::Removed(key));
         let Some(i) = self.find(key) else {
             return false;
         };
@@ -212,6 +298,7 @@ impl BlockIndex {
 
     /// Drops every block of `r` (O(index); a subscriber clears by its own list).
     pub fn remove_replica(&mut self, r: ReplicaId) {
+        self.note(r, IndexOp::Cleared);
         let mut i = 0;
         while i < self.entries.len() {
             let e = &mut self.entries[i];
@@ -412,6 +499,35 @@ mod tests {
         }
         assert_eq!(ix.longest_prefix(&chain).blocks_for(r(1)), 500);
         ix.check().expect("ok");
+    }
+
+    #[test]
+    fn the_log_records_a_followed_replicas_changes_but_not_evictions() {
+        let mut ix = BlockIndex::new(2);
+        ix.set_logged(r(1), true);
+        ix.insert(1, r(1));
+        ix.insert(1, r(1)); // already held: nothing new
+        ix.insert(7, r(2)); // not logged
+        ix.insert(2, r(1)); // evicts one entry: not logged
+        ix.remove(99, r(1)); // unknown here, still logged
+        ix.clear_keys([1, 2], r(1));
+        let d = ix.drain_log();
+        assert_eq!(
+            d.ops,
+            vec![
+                (r(1), IndexOp::Stored(1)),
+                (r(1), IndexOp::Stored(2)),
+                (r(1), IndexOp::Removed(99)),
+                (r(1), IndexOp::Cleared),
+            ]
+        );
+        assert_eq!(d.overflowed, 0);
+        assert!(ix.drain_log().ops.is_empty());
+        ix.insert(3, r(1));
+        ix.set_logged(r(1), false);
+        assert!(ix.drain_log().ops.is_empty(), "stopping drops pending ops");
+        let (keys, evicted) = ix.keys_of(r(1));
+        assert_eq!((keys, evicted), (vec![3], true));
     }
 
     #[derive(Clone, Debug)]

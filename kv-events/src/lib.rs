@@ -17,14 +17,18 @@ pub mod chain;
 pub mod discovery;
 pub mod feed;
 pub mod index;
+pub mod mirror;
 pub mod publisher;
 pub mod replica_blocks;
+pub mod share;
 pub mod subscriber;
 pub mod vllm_hash;
 pub mod wire;
 
 pub use feed::{FeedState, FeedStatus};
-pub use index::{BlockIndex, MAX_REPLICAS, PrefixMatch, ReplicaId, engine_cached_tokens};
+pub use index::{
+    BlockIndex, DrainedLog, IndexOp, MAX_REPLICAS, PrefixMatch, ReplicaId, engine_cached_tokens,
+};
 pub use subscriber::{
     SharedIndex, SubscriberConfig, SubscriberHandle, shared_index, spawn_subscriber,
 };

@@ -96,9 +96,7 @@ impl ReplicaBlocks {
 
     /// Forgets every block (engine reset, restart or resync).
     pub fn clear(&mut self, index: &mut BlockIndex) {
-        for (chain, _) in self.map.values() {
-            index.remove(*chain, self.id);
-        }
+        index.clear_keys(self.map.values().map(|(c, _)| *c), self.id);
         self.map.clear();
         self.map.shrink_to(1024);
     }

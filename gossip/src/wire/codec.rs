@@ -102,6 +102,8 @@ pub fn encode(value: &WireValue, published_at_ms: u64, cap: usize) -> Result<Vec
         WireValue::Prefix(v) => rkyv::to_bytes::<rancor::Error>(v),
         WireValue::Predictor(v) => rkyv::to_bytes::<rancor::Error>(v),
         WireValue::Summary(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::KvDelta(v) => rkyv::to_bytes::<rancor::Error>(v),
+        WireValue::KvSnapshot(v) => rkyv::to_bytes::<rancor::Error>(v),
     }
     .map_err(|e| EncodeError::Archive(e.to_string()))?;
     let size = HEADER_LEN + archive.len();
@@ -156,6 +158,8 @@ pub fn decode(bytes: &[u8], cap: usize) -> Result<Decoded, RejectReason> {
         WireKind::Prefix => from::<PrefixDelta>(&aligned).map(WireValue::Prefix),
         WireKind::Predictor => from::<PredictorSlot>(&aligned).map(WireValue::Predictor),
         WireKind::Summary => from::<RegionSummary>(&aligned).map(WireValue::Summary),
+        WireKind::KvDelta => from::<KvDelta>(&aligned).map(WireValue::KvDelta),
+        WireKind::KvSnapshot => from::<KvSnapshot>(&aligned).map(WireValue::KvSnapshot),
     }?;
     value.validate().map_err(|_| RejectReason::Invalid)?;
     Ok(Decoded {
@@ -256,7 +260,74 @@ mod tests {
                 best_tpot_ms: 22.0,
                 at_ms: 12,
             }),
+            WireValue::KvDelta(KvDelta {
+                replica: 7,
+                epoch: 1_700_000_000_000,
+                seq: 3,
+                state: 0,
+                block_size: 16,
+                clear: true,
+                removed: vec![4],
+                stored: vec![5, 6],
+            }),
+            WireValue::KvSnapshot(KvSnapshot {
+                replica: 7,
+                epoch: 1_700_000_000_000,
+                as_of: 2,
+                part: 1,
+                parts: 2,
+                complete: true,
+                block_size: 16,
+                hashes: vec![8, 9],
+            }),
         ]
+    }
+
+    #[test]
+    fn kv_values_out_of_range_are_refused() {
+        let d = KvDelta {
+            replica: 7,
+            epoch: 1,
+            seq: 1,
+            state: 0,
+            block_size: 16,
+            clear: false,
+            removed: vec![0; KV_DELTA_CAP],
+            stored: vec![1],
+        };
+        assert!(encode(&WireValue::KvDelta(d.clone()), 0, 1 << 20).is_err());
+        let d = KvDelta {
+            removed: vec![],
+            state: 3,
+            ..d
+        };
+        assert!(encode(&WireValue::KvDelta(d), 0, 1 << 20).is_err());
+        let p = KvSnapshot {
+            replica: 7,
+            epoch: 1,
+            as_of: 0,
+            part: 2,
+            parts: 2,
+            complete: true,
+            block_size: 16,
+            hashes: vec![],
+        };
+        assert!(encode(&WireValue::KvSnapshot(p), 0, 1 << 20).is_err());
+        // A full part fits the router's 32 KiB values.
+        let full = KvSnapshot {
+            replica: 7,
+            epoch: 1,
+            as_of: 0,
+            part: 0,
+            parts: 1,
+            complete: true,
+            block_size: 16,
+            hashes: vec![u64::MAX; KV_PART_CAP],
+        };
+        let n = encode(&WireValue::KvSnapshot(full), 0, 1 << 20)
+            .unwrap()
+            .len();
+        assert!(n <= 32 * 1024, "{n} bytes");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! [`super::codec`]), owned and `Clone` in memory.
 //!
 //! Invariants checked on both encode and decode (see [`WireValue::validate`]): bounded list
-//! lengths ([`PREFIX_DELTA_CAP`], [`MAX_LOADS`], [`MAX_STAT_BLOCKS`]), predictor blocks whose
+//! lengths ([`PREFIX_DELTA_CAP`], [`MAX_LOADS`], [`MAX_STAT_BLOCKS`], [`KV_DELTA_CAP`],
+//! [`KV_PART_CAP`]), predictor blocks whose
 //! vector lengths match their dimension, finite floats in predictor statistics.
 
 use rkyv::{Archive, Deserialize, Serialize};
@@ -15,6 +16,14 @@ pub const MAX_LOADS: usize = 1024;
 pub const MAX_STAT_BLOCKS: usize = 256;
 /// Largest predictor feature dimension.
 pub const MAX_STAT_DIM: u8 = 64;
+/// Most block keys a [`KvDelta`] may carry (stored + removed).
+pub const KV_DELTA_CAP: usize = 3072;
+/// Most block keys one [`KvSnapshot`] part may carry.
+pub const KV_PART_CAP: usize = 3072;
+/// Most parts of one [`KvSnapshot`].
+pub const KV_MAX_PARTS: u16 = 64;
+/// Delta slots per replica (`kv/<replica>/d<seq mod KV_WINDOW>`).
+pub const KV_WINDOW: u64 = 64;
 /// Longest string field (region, URLs, versions), in bytes.
 pub const MAX_STRING: usize = 512;
 
@@ -94,6 +103,39 @@ pub struct PrefixDelta {
     pub hashes: Vec<u64>,
 }
 
+/// A change of one replica's engine-reported blocks (its KV events), from the node
+/// that follows them. Numbered per `epoch` without holes (see `headroom-kv-events`'
+/// `share` and `mirror` modules for the protocol).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct KvDelta {
+    pub replica: u64,
+    pub epoch: u64,
+    pub seq: u64,
+    /// The owner's feed state: 0 precise, 1 recovering, 2 approximate.
+    pub state: u8,
+    pub block_size: u32,
+    /// Every block of the replica was dropped before `removed` and `stored`.
+    pub clear: bool,
+    /// Chain keys no longer held.
+    pub removed: Vec<u64>,
+    /// Chain keys now held.
+    pub stored: Vec<u64>,
+}
+
+/// One part of a snapshot of a replica's blocks, as of delta `as_of` of `epoch`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct KvSnapshot {
+    pub replica: u64,
+    pub epoch: u64,
+    pub as_of: u64,
+    pub part: u16,
+    pub parts: u16,
+    /// False when the owner shared only a subset (over the part cap, or its index evicted).
+    pub complete: bool,
+    pub block_size: u32,
+    pub hashes: Vec<u64>,
+}
+
 /// One block of mergeable sufficient statistics (weighted least squares on `dim` features).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct StatBlock {
@@ -146,6 +188,8 @@ pub enum WireValue {
     Prefix(PrefixDelta),
     Predictor(PredictorSlot),
     Summary(RegionSummary),
+    KvDelta(KvDelta),
+    KvSnapshot(KvSnapshot),
 }
 
 /// The kind byte in a value's header.
@@ -158,6 +202,8 @@ pub enum WireKind {
     Prefix = 4,
     Predictor = 5,
     Summary = 6,
+    KvDelta = 7,
+    KvSnapshot = 8,
 }
 
 impl WireKind {
@@ -169,6 +215,8 @@ impl WireKind {
             4 => Self::Prefix,
             5 => Self::Predictor,
             6 => Self::Summary,
+            7 => Self::KvDelta,
+            8 => Self::KvSnapshot,
             _ => return None,
         })
     }
@@ -188,6 +236,8 @@ impl WireValue {
             Self::Prefix(_) => WireKind::Prefix,
             Self::Predictor(_) => WireKind::Predictor,
             Self::Summary(_) => WireKind::Summary,
+            Self::KvDelta(_) => WireKind::KvDelta,
+            Self::KvSnapshot(_) => WireKind::KvSnapshot,
         }
     }
 
@@ -255,6 +305,24 @@ impl WireValue {
                 Ok(())
             }
             Self::Summary(r) => s(&r.region),
+            Self::KvDelta(d) => {
+                if d.stored.len() + d.removed.len() > KV_DELTA_CAP {
+                    return Err("kv delta over cap");
+                }
+                if d.state > 2 || d.seq == 0 {
+                    return Err("kv delta state or seq out of range");
+                }
+                Ok(())
+            }
+            Self::KvSnapshot(p) => {
+                if p.hashes.len() > KV_PART_CAP {
+                    return Err("kv snapshot part over cap");
+                }
+                if p.parts == 0 || p.parts > KV_MAX_PARTS || p.part >= p.parts {
+                    return Err("kv snapshot part out of range");
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -14,11 +14,21 @@
 //! - A count is given only for a replica whose feed is `precise` (exact: the engine
 //!   will report it as `cached_tokens`) or `recovering` (a lower bound); an
 //!   `approximate` feed gives none, so the prefix index's estimate stands for it.
+//! - With a mesh ([`share`]): this node's feeds are shared with its peers as numbered
+//!   deltas and snapshots, and a replica another node follows is mirrored into this
+//!   node's index from theirs, with the mirror's own state (`precise` only while in
+//!   step with an owner that is); a local feed replaces a mirror of the same replica.
+//!   Slots are shared by local feeds and mirrors. Lock order: `feeds` → `remote` →
+//!   `share` → the index.
 //! - Cost per request: the prompt's chain once per distinct (block size, adapter)
 //!   among followed replicas (xxh3 over 4 bytes per token: 129 µs at 128k tokens),
 //!   one `longest_prefix` walk under the index's read lock shared by every replica
 //!   (≤ 312 µs at 128k fully cached, 81 ns when the match ends early; see
 //!   `kv-events/README.md`), then O(followed replicas).
+
+mod share;
+
+pub use share::{MeshKv, ShareOut};
 
 use std::{
     collections::HashMap,
@@ -33,7 +43,9 @@ use headroom_kv_events::{
     FeedState, FeedStatus, ReplicaId, SharedIndex, SubscriberConfig, SubscriberHandle,
     chain::{prompt_chain, salt_for_adapter},
     discovery::parse_sources,
-    engine_cached_tokens, shared_index, spawn_subscriber,
+    engine_cached_tokens,
+    mirror::Mirror,
+    shared_index, spawn_subscriber,
 };
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
@@ -42,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Fleet, Replica};
 use crate::{
+    clock,
     config::{KvEventsConfig, ReplicaConfig},
     policy::ExactCached,
     upstream,
@@ -77,6 +90,8 @@ const SOURCES_MAX_BYTES: usize = 64 * 1024;
 
 /// A running subscriber as the request path sees it.
 struct Follow {
+    /// The replica's mesh key.
+    key: u64,
     slot: ReplicaId,
     block_size: u32,
     endpoint: String,
@@ -157,6 +172,10 @@ pub struct KvFeeds {
     active: AtomicBool,
     feeds: RwLock<HashMap<u32, Arc<Follow>>>,
     waiting: Mutex<HashMap<u32, Waiting>>,
+    /// Replicas another node follows, mirrored from the mesh.
+    remote: RwLock<HashMap<u32, Mirror>>,
+    /// Set once the mesh shares this node's feeds.
+    share: Mutex<Option<share::ShareState>>,
     /// Last counters exported per replica (metrics take deltas).
     exported: Mutex<HashMap<u32, [u64; 6]>>,
     metrics: FeedMetrics,
@@ -170,6 +189,8 @@ impl KvFeeds {
             active: AtomicBool::new(replicas.iter().any(|r| r.kv_events.is_some())),
             feeds: RwLock::new(HashMap::new()),
             waiting: Mutex::new(HashMap::new()),
+            remote: RwLock::new(HashMap::new()),
+            share: Mutex::new(None),
             exported: Mutex::new(HashMap::new()),
             metrics: FeedMetrics::new(registry),
         })
@@ -197,16 +218,24 @@ impl KvFeeds {
         replicas: &[Arc<Replica>],
     ) -> Vec<ExactCached> {
         let feeds = self.feeds.read();
-        if feeds.is_empty() {
+        let remote = self.remote.read();
+        if feeds.is_empty() && remote.is_empty() {
             return Vec::new();
         }
+        let now = clock::now_s();
         let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         // (block size, salt) → that chain's per-replica match.
         let mut matches: Vec<((u32, u64), headroom_kv_events::PrefixMatch)> = Vec::new();
         let mut out = Vec::new();
         for r in replicas {
-            let Some(f) = feeds.get(&r.id) else { continue };
-            let complete = match f.handle.status().state {
+            let (slot, block_size, state) = if let Some(f) = feeds.get(&r.id) {
+                (f.slot, f.block_size, f.handle.status().state)
+            } else if let Some(m) = remote.get(&r.id) {
+                (m.slot(), m.block_size(), m.state(now))
+            } else {
+                continue;
+            };
+            let complete = match state {
                 FeedState::Precise => true,
                 FeedState::Recovering => false,
                 FeedState::Approximate => continue,
@@ -217,19 +246,19 @@ impl KvFeeds {
                 continue;
             };
             let salt = salt_for_adapter(entry.parent.as_ref().map(|_| model));
-            let key = (f.block_size, salt);
+            let key = (block_size, salt);
             let i = match matches.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
-                    let chain = prompt_chain(ids, f.block_size as usize, salt);
+                    let chain = prompt_chain(ids, block_size as usize, salt);
                     matches.push((key, self.index.read().longest_prefix(&chain)));
                     matches.len() - 1
                 }
             };
-            let blocks = matches[i].1.blocks_for(f.slot);
+            let blocks = matches[i].1.blocks_for(slot);
             out.push(ExactCached {
                 replica: r.id,
-                tokens: engine_cached_tokens(blocks, prompt_tokens, f.block_size),
+                tokens: engine_cached_tokens(blocks, prompt_tokens, block_size),
                 complete,
             });
         }
@@ -249,10 +278,13 @@ impl KvFeeds {
 
     /// The feed state of `replica` (`None`: not followed).
     pub fn state(&self, replica: u32) -> Option<FeedState> {
-        self.feeds
+        if let Some(f) = self.feeds.read().get(&replica) {
+            return Some(f.handle.status().state);
+        }
+        self.remote
             .read()
             .get(&replica)
-            .map(|f| f.handle.status().state)
+            .map(|m| m.state(clock::now_s()))
     }
 
     /// `/debug/replicas` view of one replica's feed (`null` without `kv_events`).
@@ -264,7 +296,10 @@ impl KvFeeds {
             let s = f.handle.status();
             let sock = f.handle.socket_counters();
             let c = s.counters;
+            let shared = self.share.lock().as_ref().and_then(|sh| sh.stream_of(r.id));
             return json!({
+                "mesh_epoch": shared.map(|x| x.0), "mesh_seq": shared.map(|x| x.1),
+                "mesh_covers_next_seq": shared.and_then(|x| x.2),
                 "state": s.state.as_str(), "endpoint": f.endpoint, "replay_endpoint": f.replay,
                 "block_size": f.block_size, "blocks": s.blocks, "next_seq": s.next_seq,
                 "batches_applied": c.batches_applied, "duplicates": c.duplicates, "gaps": c.gaps,
@@ -272,8 +307,11 @@ impl KvFeeds {
                 "resyncs": c.resyncs, "undecodable": c.undecodable,
                 "orphaned_blocks": s.apply.orphaned_blocks, "ignored_events": s.apply.ignored_events,
                 "connects": sock.connects, "disconnects": sock.disconnects,
-                "malformed_frames": sock.malformed_frames,
+                "malformed_frames": sock.malformed_frames, "source": "events",
             });
+        }
+        if let Some(m) = self.remote.read().get(&r.id) {
+            return share::mirror_debug(m, clock::now_s());
         }
         let reason = self
             .waiting
@@ -347,6 +385,19 @@ impl KvFeeds {
         }
         let ids: Vec<u32> = replicas.iter().map(|r| r.id).collect();
         self.waiting.lock().retain(|id, _| ids.contains(id));
+        let gone: Vec<ReplicaId> = {
+            let mut remote = self.remote.write();
+            let gone = remote
+                .iter()
+                .filter(|(id, _)| !ids.contains(id))
+                .map(|(_, m)| m.slot())
+                .collect();
+            remote.retain(|id, _| ids.contains(id));
+            gone
+        };
+        for slot in gone {
+            self.index.write().remove_replica(slot);
+        }
     }
 
     fn wait(&self, id: u32, reason: &str) {
@@ -438,11 +489,14 @@ impl KvFeeds {
         token: &CancellationToken,
     ) {
         let mut feeds = self.feeds.write();
-        let used: Vec<ReplicaId> = feeds.values().map(|f| f.slot).collect();
-        let Some(slot) = (0..headroom_kv_events::MAX_REPLICAS)
-            .filter_map(ReplicaId::new)
-            .find(|s| !used.contains(s))
-        else {
+        let mut remote = self.remote.write();
+        // Our own feed replaces a mirror of this replica (and takes its slot back).
+        if let Some(m) = remote.remove(&r.id) {
+            self.index.write().remove_replica(m.slot());
+        }
+        let slot = free_slot(&feeds, &remote);
+        drop(remote);
+        let Some(slot) = slot else {
             drop(feeds);
             self.wait(r.id, "this node already follows 128 replicas");
             return;
@@ -455,12 +509,16 @@ impl KvFeeds {
         });
         sc.silence_timeout = Duration::from_millis(self.cfg.silence_timeout_ms);
         sc.replay_timeout = Duration::from_millis(self.cfg.replay_timeout_ms);
+        if self.share.lock().is_some() {
+            self.index.write().set_logged(slot, true);
+        }
         let child = token.child_token();
         let handle = spawn_subscriber(sc, self.index.clone(), child.clone());
         tracing::info!(replica = %r.name, %endpoint, block_size, "following KV events");
         feeds.insert(
             r.id,
             Arc::new(Follow {
+                key: r.key,
                 slot,
                 block_size,
                 endpoint,
@@ -482,7 +540,10 @@ impl KvFeeds {
         if let Ok(f) = Arc::try_unwrap(f) {
             f.handle.shutdown().await;
         }
-        self.index.write().remove_replica(slot);
+        let mut ix = self.index.write();
+        ix.set_logged(slot, false);
+        ix.remove_replica(slot);
+        drop(ix);
         self.exported.lock().remove(&id);
         tracing::info!(replica = id, "stopped following KV events");
     }
@@ -494,10 +555,19 @@ impl KvFeeds {
         let m = &self.metrics;
         m.index_blocks.set(self.index.read().len() as i64);
         let feeds = self.feeds.read();
+        let remote = self.remote.read();
+        let now = clock::now_s();
         let mut exported = self.exported.lock();
         for r in fleet.replicas().iter().filter(|r| r.kv.is_some()) {
             let status: Option<FeedStatus> = feeds.get(&r.id).map(|f| f.handle.status());
-            let state = status.map_or(FeedState::Approximate, |s| s.state);
+            let state = status.map_or_else(
+                || {
+                    remote
+                        .get(&r.id)
+                        .map_or(FeedState::Approximate, |m| m.state(now))
+                },
+                |s| s.state,
+            );
             for s in [
                 FeedState::Precise,
                 FeedState::Recovering,
@@ -543,4 +613,19 @@ impl KvFeeds {
             *last = now;
         }
     }
+}
+
+/// A slot neither a local feed nor a mirror uses.
+fn free_slot(
+    feeds: &HashMap<u32, Arc<Follow>>,
+    remote: &HashMap<u32, Mirror>,
+) -> Option<ReplicaId> {
+    let used: Vec<ReplicaId> = feeds
+        .values()
+        .map(|f| f.slot)
+        .chain(remote.values().map(Mirror::slot))
+        .collect();
+    (0..headroom_kv_events::MAX_REPLICAS)
+        .filter_map(ReplicaId::new)
+        .find(|s| !used.contains(s))
 }

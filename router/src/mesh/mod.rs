@@ -8,12 +8,15 @@
 //!   by rendezvous hashing over the region's live members and published as
 //!   `scrape/<replica>`, so scrape load stays flat as nodes are added;
 //! - prefix-index deltas per replica (`prefix/<replica>`, bounded);
+//! - the precise (KV-event) index of each replica this node follows: deltas and
+//!   snapshots (`kv/<replica>/…`, `kv.rs`), mirrored by every other node;
 //! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer;
 //! - membership and liveness from chitchat's failure detector.
 //!
 //! Nothing here is on the request path except `note_prefix`, a non-blocking send.
 
 pub mod duplicate;
+mod kv;
 mod owners;
 mod peers;
 
@@ -128,6 +131,10 @@ pub struct MeshRuntime {
     seq: AtomicU64,
     pub published: AtomicU64,
     pub ingested: AtomicU64,
+    /// KV deltas and snapshot parts published (first sends, not the mesh's refreshes),
+    /// and their bytes in chitchat.
+    kv_values: AtomicU64,
+    kv_bytes: AtomicU64,
     cancel: CancellationToken,
     tracker: TaskTracker,
     duplicates: duplicate::DuplicateWatch,
@@ -269,6 +276,8 @@ impl MeshRuntime {
             seq: AtomicU64::new(0),
             published: AtomicU64::new(0),
             ingested: AtomicU64::new(0),
+            kv_values: AtomicU64::new(0),
+            kv_bytes: AtomicU64::new(0),
             cancel,
             tracker: TaskTracker::new(),
             duplicates,
@@ -289,6 +298,7 @@ impl MeshRuntime {
         rt.tracker.spawn(rt.clone().housekeeping_loop());
         rt.tracker.spawn(rt.clone().scrape_loop(scrape_rx));
         rt.tracker.spawn(rt.clone().prefix_loop());
+        rt.tracker.spawn(rt.clone().kv_loop());
         rt.tracker.spawn(rt.clone().predictor_loop());
         tracing::info!(node = %node_id, addr = %rt.addr, region = %rt.settings.region, "joined the mesh");
         Ok(rt)
@@ -580,6 +590,11 @@ impl MeshRuntime {
             }
             MeshEvent::Value {
                 node,
+                value: v @ (WireValue::KvDelta(_) | WireValue::KvSnapshot(_)),
+                ..
+            } => self.ingest_kv(&node, v),
+            MeshEvent::Value {
+                node,
                 value: WireValue::Predictor(slot),
                 ..
             } => {
@@ -601,6 +616,8 @@ impl MeshRuntime {
                     if p.remove(&node) {
                         p.publish(&self.node.fleet.replicas(), now);
                     }
+                    drop(p);
+                    self.node.kv.mesh_member_left(&node);
                 }
                 self.node.trainer.forget_peer(&node);
             }
@@ -652,6 +669,10 @@ impl MeshRuntime {
             "published_vectors": self.published.load(Relaxed),
             "ingested_events": self.ingested.load(Relaxed),
             "duplicate_node_ids": self.duplicates.total(),
+            "kv_values_published": self.kv_values.load(Relaxed),
+            "kv_bytes_published": self.kv_bytes.load(Relaxed),
+            "gossip_bytes_sent": st.bytes_sent,
+            "gossip_bytes_received": st.bytes_received,
             "stats": format!("{st:?}"),
         })
     }

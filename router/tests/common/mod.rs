@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod kv_engine;
+
 use std::{
     net::SocketAddr,
     sync::{
