@@ -237,7 +237,8 @@ async fn handle(
     // Still here: the response is not a routed stream (an error, a replica's answer
     // passed through); the stream's body ends the trace otherwise.
     if let Some(t) = trace {
-        let why = failed.or_else(|| (!resp.status().is_success()).then(|| resp.status().to_string()));
+        let why =
+            failed.or_else(|| (!resp.status().is_success()).then(|| resp.status().to_string()));
         t.end_status(resp.status().as_u16(), why.as_deref());
     }
     if let Some(id) = record {

@@ -142,13 +142,26 @@ async fn a_request_is_one_trace_under_the_clients_span_with_the_decision() {
     )
     .await;
     let root = &spans[ROOT];
-    assert_eq!(root.parent_span_id, hex(client_span), "a child of the client's span");
+    assert_eq!(
+        root.parent_span_id,
+        hex(client_span),
+        "a child of the client's span"
+    );
     for name in ["admit", "decide", "upstream"] {
-        assert_eq!(spans[name].parent_span_id, root.span_id, "{name} under the request");
+        assert_eq!(
+            spans[name].parent_span_id, root.span_id,
+            "{name} under the request"
+        );
     }
-    assert_eq!(spans["first_token"].parent_span_id, spans["upstream"].span_id);
+    assert_eq!(
+        spans["first_token"].parent_span_id,
+        spans["upstream"].span_id
+    );
     assert!(
-        got.lock().unwrap().iter().all(|(svc, _)| svc == "headroom-test"),
+        got.lock()
+            .unwrap()
+            .iter()
+            .all(|(svc, _)| svc == "headroom-test"),
         "service.name from the config"
     );
 
@@ -157,7 +170,10 @@ async fn a_request_is_one_trace_under_the_clients_span_with_the_decision() {
     for want in [attrs(root), d.clone()] {
         assert_eq!(want["headroom.replica"], served);
         assert_eq!(want["headroom.policy"], "slo");
-        assert_eq!(want["headroom.fallback"], "cold-model", "a fresh router is cold");
+        assert_eq!(
+            want["headroom.fallback"], "cold-model",
+            "a fresh router is cold"
+        );
         assert!(want["headroom.predicted.ttft_ms"].parse::<f64>().unwrap() > 0.0);
         assert!(want.contains_key("headroom.predicted.tpot_upper_ms"));
         assert!(["0", "1", "2"].contains(&want["headroom.tier"].as_str()));
@@ -179,7 +195,12 @@ async fn a_request_is_one_trace_under_the_clients_span_with_the_decision() {
 
     // The replica got the router's traceparent: same trace, the upstream span.
     let m = if served == a.addr.to_string() { &a } else { &b };
-    let sent = m.traceparent.lock().unwrap().clone().expect("a traceparent upstream");
+    let sent = m
+        .traceparent
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("a traceparent upstream");
     let up_id: String = up.span_id.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(sent, format!("00-{trace_hex}-{up_id}-01"));
 }
@@ -224,7 +245,10 @@ async fn a_new_trace_without_traceparent_and_a_refusal_is_an_error_span() {
     assert!(status.message.contains("404"), "{}", status.message);
     let spans = spans_of(&got, &root.trace_id, &[ROOT, "decide"]).await;
     let d = &spans["decide"];
-    assert_eq!(d.status.as_ref().map(|s| s.code), Some(SpanStatus::Error as i32));
+    assert_eq!(
+        d.status.as_ref().map(|s| s.code),
+        Some(SpanStatus::Error as i32)
+    );
 }
 
 #[tokio::test]
@@ -234,7 +258,10 @@ async fn tracing_is_off_unless_an_endpoint_is_set() {
     assert!(r.node.traces.is_none());
     let resp = client()
         .post(r.url("/v1/chat/completions"))
-        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
         .json(&json!({"model":"m","max_tokens":2,"messages":[{"role":"user","content":"x"}]}))
         .send()
         .await

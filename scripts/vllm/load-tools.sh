@@ -11,8 +11,9 @@
 #      HEADROOM_LOAD_REQUESTS (per tool, default 20), HEADROOM_LOAD_RATE (req/s, 2),
 #      HEADROOM_LOAD_INPUT / HEADROOM_LOAD_OUTPUT (tokens, 256 / 32), HEADROOM_CACHE.
 #
-# Writes OUT/: decision-record.json (GET /debug/decisions/{id} of one streamed
-# request, with its response headers in decision-response-headers.txt), guidellm/
+# Writes OUT/: decision-record-cold.json and decision-record.json (GET
+# /debug/decisions/{id} of one streamed request before and after the tools ran, its
+# response headers in decision-record*-headers.txt), guidellm/
 # (report.json + console.txt), vllm-bench-serve/ (result.json + console.txt),
 # inference-perf/ where it installed, requests.jsonl (the router's request log),
 # headroom-summary.json (/debug/summary), headroom-metrics.txt, windows.tsv and
@@ -111,15 +112,20 @@ R="http://127.0.0.1:$PORT"
 wait_up "$R/ready"
 sleep 1 # scrapes and health settle
 
-log "one streamed request and its decision record"
-curl -sf -D "$OUT/decision-response-headers.txt" -o "$OUT/decision-response.txt" "$R/v1/chat/completions" \
-    -H 'content-type: application/json' \
-    -d '{"model":"tiny-llama","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"Explain in one sentence why a router needs to predict latency."}]}' \
-    || die "the request through the router failed"
-ID="$(grep -i '^x-headroom-decision-id:' "$OUT/decision-response-headers.txt" | tr -d '\r' | awk '{print $2}')"
-[[ -n "$ID" ]] || die "no x-headroom-decision-id header"
-sleep 0.5 # the record gets its measurements when the body has ended
-curl -sf "$R/debug/decisions/$ID" | python3 -m json.tool > "$OUT/decision-record.json"
+# One streamed request and its decision record: OUT/NAME.json, headers in NAME-headers.txt.
+decision_record() { # NAME
+    curl -sf -D "$OUT/$1-headers.txt" -o "$OUT/$1-response.txt" "$R/v1/chat/completions" \
+        -H 'content-type: application/json' \
+        -d '{"model":"tiny-llama","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"Explain in one sentence why a router needs to predict latency."}]}' \
+        || die "the request through the router failed"
+    local id
+    id="$(grep -i '^x-headroom-decision-id:' "$OUT/$1-headers.txt" | tr -d '\r' | awk '{print $2}')"
+    [[ -n "$id" ]] || die "no x-headroom-decision-id header"
+    sleep 0.5 # the record gets its measurements when the body has ended
+    curl -sf "$R/debug/decisions/$id" | python3 -m json.tool > "$OUT/$1.json"
+}
+log "a request on a cold router and its decision record"
+decision_record decision-record-cold
 
 : > "$OUT/windows.tsv"
 window() { printf '%s\t%s\t%s\n' "$1" "$2" "$(now_ms)" >> "$OUT/windows.tsv"; }
@@ -190,6 +196,8 @@ else
     log "inference-perf skipped: not installed (see scripts/py/setup-load-tools.sh)"
 fi
 
+log "a request once the tools have warmed the predictor, and its decision record"
+decision_record decision-record
 sleep 0.5
 curl -sf "$R/debug/summary" | python3 -m json.tool > "$OUT/headroom-summary.json"
 curl -sf "$R/metrics" > "$OUT/headroom-metrics.txt"

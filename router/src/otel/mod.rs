@@ -26,8 +26,8 @@ use opentelemetry_sdk::{
     error::{OTelSdkError, OTelSdkResult},
     propagation::TraceContextPropagator,
     trace::{
-        BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
-        SpanData, SpanExporter,
+        BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData,
+        SpanExporter,
     },
 };
 

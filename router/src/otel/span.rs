@@ -62,7 +62,6 @@ impl Traces {
             first_token: None,
         })
     }
-
 }
 
 impl RequestTrace {
@@ -272,7 +271,10 @@ impl RequestTrace {
             self.attempt_failed(why.unwrap_or("passed through"), Some(status));
         }
         let root = self.root.span();
-        root.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
+        root.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
         if status >= 400 {
             root.set_status(Status::error(why.unwrap_or("error").to_string()));
         }

@@ -26,8 +26,8 @@ use super::{
     outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
-use crate::{otel::RequestTrace, request::InjectedUsage};
 use crate::{decide::Learn, error::ApiError, fleet::Replica, ledger::Booking, node::Node};
+use crate::{otel::RequestTrace, request::InjectedUsage};
 
 /// Largest non-streaming body kept to read its usage.
 const KEEP_NONSTREAM_BYTES: usize = 1 << 20;
