@@ -79,6 +79,8 @@ pub struct RouterConfig {
     pub edge: crate::edge::EdgeConfig,
     /// Admission before routing: capacity, the gate's queue and waits.
     pub admission: AdmissionConfig,
+    /// OpenTelemetry traces of each request's life (off unless `otlp_endpoint` is set).
+    pub tracing: TracingConfig,
 }
 
 impl Default for RouterConfig {
@@ -110,6 +112,42 @@ impl Default for RouterConfig {
             mesh: MeshSettings::default(),
             edge: crate::edge::EdgeConfig::default(),
             admission: AdmissionConfig::default(),
+            tracing: TracingConfig::default(),
+        }
+    }
+}
+
+/// OpenTelemetry traces (`router/src/otel`): one trace per request (admit, decide,
+/// upstream, first token) exported over OTLP/HTTP protobuf. Off by default; off costs
+/// one branch per request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP endpoint, `http://HOST:PORT` (`/v1/traces` is
+    /// appended when no path is given) or the full traces URL. Plain HTTP only.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the router's spans.
+    pub service_name: String,
+    /// Share of requests traced when the client sent no sampled `traceparent`
+    /// (a client's sampling decision is followed).
+    pub sample_ratio: f64,
+    /// Most finished spans held for export; beyond it spans are dropped.
+    pub max_queued_spans: usize,
+    /// How often queued spans are sent (ms).
+    pub export_interval_ms: u64,
+    /// Longest one export may take (ms).
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "headroom".into(),
+            sample_ratio: 1.0,
+            max_queued_spans: 2048,
+            export_interval_ms: 5000,
+            export_timeout_ms: 10_000,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod fleet;
 pub mod mesh;
 pub mod metrics;
 pub mod node;
+pub mod otel;
 pub mod proxy;
 pub mod replica_view;
 pub mod request;

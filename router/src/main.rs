@@ -94,6 +94,10 @@ struct ServeArgs {
     /// Append one JSON line per finished request to this file (see `request_log`).
     #[arg(long)]
     request_log: Option<PathBuf>,
+    /// Export request traces to this OTLP/HTTP collector (`http://HOST:4318`; see
+    /// `[tracing]`).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Args)]
@@ -155,6 +159,9 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
     }
     if a.request_log.is_some() {
         cfg.request_log = a.request_log;
+    }
+    if a.otlp_endpoint.is_some() {
+        cfg.tracing.otlp_endpoint = a.otlp_endpoint;
     }
     if a.gossip_listen.is_some() {
         cfg.mesh.listen = a.gossip_listen;
@@ -224,6 +231,14 @@ async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Resul
     }
     node.fleet.shutdown().await;
     node.trainer.shutdown();
+    // Sends the spans still queued; blocks on exports that run on this runtime.
+    let n = node.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Some(t) = &n.traces {
+            t.shutdown();
+        }
+    })
+    .await?;
     Ok(())
 }
 

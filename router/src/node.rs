@@ -41,6 +41,8 @@ pub struct Node {
     pub decision_records: crate::decisions::DecisionRing,
     /// The request log (`request_log`), where configured.
     pub request_log: Option<crate::request_log::RequestLog>,
+    /// OpenTelemetry traces (`[tracing] otlp_endpoint`), where configured.
+    pub traces: Option<crate::otel::Traces>,
     /// Requests currently deferred (bounded by `slo.max_deferred`).
     pub deferred: Arc<Deferrals>,
     /// The admission gate (tenants' rates, concurrency, shares and queue).
@@ -112,6 +114,7 @@ impl Node {
                 )?),
                 None => None,
             },
+            traces: crate::otel::Traces::start(&cfg.tracing)?,
             decisions: Default::default(),
             tenants: Tenants::from_config(&cfg),
             cfg,

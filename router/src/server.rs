@@ -20,6 +20,7 @@ use crate::{
     edge::{self, listen::Peer},
     error::ApiError,
     node::Node,
+    otel::RequestTrace,
     policy::RequestProfile,
     proxy,
     request::{self, Endpoint},
@@ -160,6 +161,9 @@ async fn handle(
     let arrived = Instant::now();
     let mut record = None;
     let record = &mut record;
+    // Off: `None`, and every trace hook below is one test.
+    let mut trace = node.traces.as_ref().map(|t| t.request(endpoint, &headers));
+    let trace_ref = &mut trace;
     let result = async {
         // Identity first: an unauthenticated client never gets its body buffered.
         let tenant = node.tenants.resolve(&headers)?;
@@ -185,13 +189,24 @@ async fn handle(
             exact_cached,
         };
         let upstream = edge::headers::upstream_headers(&headers, peer.map(|p| p.0.ip()));
+        if let Some(t) = trace_ref.as_deref() {
+            t.asked(&tenant.name, &profile);
+        }
         // The tenant's turn at the gate; the permit lives as long as the response body.
-        let permit = admission::admit(&node, &tenant, &profile, arrived).await?;
+        let span = trace_ref.as_deref().map(RequestTrace::admit);
+        let permit = admission::admit(&node, &tenant, &profile, arrived).await;
+        if let Some(s) = span {
+            RequestTrace::admitted(s, permit.as_ref().err().map(|e| e.message.as_str()));
+        }
+        let permit = permit?;
         *record = node.decision_records.open(Asked::new(
             &tenant.name,
             &profile,
             node.request_log.is_some(),
         ));
+        if let Some(t) = trace_ref.as_deref() {
+            t.decision_id(*record);
+        }
         let failover = tenant.failover;
         let resp = proxy::forward(
             node.clone(),
@@ -200,13 +215,17 @@ async fn handle(
             upstream,
             arrived,
             failover,
-            *record,
+            (*record, trace_ref),
         )
         .await?;
         Ok::<_, ApiError>(admission::PermitBody::wrap(resp, permit))
     }
     .await;
     let record = *record;
+    let failed = result
+        .as_ref()
+        .err()
+        .map(|e| format!("{} {}", e.status.as_u16(), e.message));
     if let Err(e) = &result {
         crate::decisions::note_end(
             &node,
@@ -215,6 +234,13 @@ async fn handle(
         );
     }
     let mut resp = respond_to(&node, result).await;
+    // Still here: the response is not a routed stream (an error, a replica's answer
+    // passed through); the stream's body ends the trace otherwise.
+    if let Some(t) = trace {
+        let why =
+            failed.or_else(|| (!resp.status().is_success()).then(|| resp.status().to_string()));
+        t.end_status(resp.status().as_u16(), why.as_deref());
+    }
     if let Some(id) = record {
         resp.headers_mut()
             .insert(crate::DECISION_HEADER, http::HeaderValue::from(id));

@@ -82,6 +82,7 @@ pub fn check(cfg: &RouterConfig) -> Result<(), String> {
     tenants(cfg, &mut p);
     admission(cfg, &mut p);
     mesh(cfg, &mut p);
+    tracing(cfg, &mut p);
     crate::edge::validate(&cfg.edge, cfg, &mut |f, m| p.push(f, m));
     if p.0.is_empty() {
         Ok(())
@@ -220,6 +221,30 @@ fn fleet(cfg: &RouterConfig, p: &mut Problems) {
             "is written from decision records: set `decision_records` > 0",
         );
     }
+}
+
+/// Most spans a node may hold for export (≈ 1 KB each: 1 GB at most).
+pub const MAX_QUEUED_SPANS: usize = 1 << 20;
+
+fn tracing(cfg: &RouterConfig, p: &mut Problems) {
+    let t = &cfg.tracing;
+    if let Some(e) = &t.otlp_endpoint
+        && let Err(why) = crate::otel::traces_url(e)
+    {
+        p.push("tracing.otlp_endpoint", why);
+    }
+    if t.service_name.trim().is_empty() {
+        p.push("tracing.service_name", "must not be empty");
+    }
+    p.range("tracing.sample_ratio", t.sample_ratio, 0.0, 1.0);
+    if t.max_queued_spans == 0 || t.max_queued_spans > MAX_QUEUED_SPANS {
+        p.push(
+            "tracing.max_queued_spans",
+            format!("= {} must be in 1..={MAX_QUEUED_SPANS}", t.max_queued_spans),
+        );
+    }
+    p.ms("tracing.export_interval_ms", t.export_interval_ms);
+    p.ms("tracing.export_timeout_ms", t.export_timeout_ms);
 }
 
 /// `tcp://HOST:PORT` with a numeric port (what a ZMQ SUB can connect to; `*` is
@@ -419,6 +444,25 @@ mod tests {
         assert!(e.contains("`slo.defer_budget` = -1"), "{e}");
         assert!(e.contains("`slo.explore` = 5"), "{e}");
         assert!(e.contains("`proxy.first_byte_timeout_ms` = 0"), "{e}");
+    }
+
+    #[test]
+    fn tracing_settings_are_checked() {
+        let mut c = RouterConfig::default();
+        c.tracing.otlp_endpoint = Some("https://collector:4318".into());
+        c.tracing.sample_ratio = 1.5;
+        c.tracing.max_queued_spans = 0;
+        let e = check(&c).unwrap_err();
+        for f in [
+            "tracing.otlp_endpoint",
+            "tracing.sample_ratio",
+            "tracing.max_queued_spans",
+        ] {
+            assert!(e.contains(f), "{f} missing from: {e}");
+        }
+        c.tracing = Default::default();
+        c.tracing.otlp_endpoint = Some("http://127.0.0.1:4318".into());
+        check(&c).unwrap();
     }
 
     #[test]

@@ -26,8 +26,8 @@ use super::{
     outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
-use crate::request::InjectedUsage;
 use crate::{decide::Learn, error::ApiError, fleet::Replica, ledger::Booking, node::Node};
+use crate::{otel::RequestTrace, request::InjectedUsage};
 
 /// Largest non-streaming body kept to read its usage.
 const KEEP_NONSTREAM_BYTES: usize = 1 << 20;
@@ -48,6 +48,8 @@ pub struct Tracking {
     pub ttft_learned: bool,
     /// Its decision record, where records are on.
     pub decision: Option<u64>,
+    /// Its spans, where tracing is on.
+    pub trace: Option<Box<RequestTrace>>,
 }
 
 enum Mode {
@@ -81,6 +83,9 @@ pub struct TrackedBody {
     /// Tokens already counted into the booking.
     content_seen: u32,
     first_seen: bool,
+    /// The request's trace while a continuation is sought (the cut attempt's
+    /// `Tracking` is closed out, the continuation's has none of its own).
+    carried: Option<Box<RequestTrace>>,
 }
 
 impl TrackedBody {
@@ -110,6 +115,7 @@ impl TrackedBody {
             done: false,
             content_seen: 0,
             first_seen: false,
+            carried: None,
         }
     }
 
@@ -142,6 +148,9 @@ impl TrackedBody {
                     {
                         self.first_seen = true;
                         t.booking.first_token(now_s);
+                        if let Some(tr) = t.trace.as_mut() {
+                            tr.first_token(first.duration_since(t.dispatched).as_secs_f64());
+                        }
                         // The TTFT label is known now: learn it without waiting for the
                         // stream to end (long outputs would delay it by seconds).
                         if let Some(l) = &t.learn {
@@ -174,7 +183,8 @@ impl TrackedBody {
 
     /// Closes the request out once; returns the bytes that end the stream, if any.
     fn finish(&mut self, status: OutcomeStatus) -> Option<Bytes> {
-        let t = self.track.take()?;
+        let mut t = self.track.take()?;
+        let trace = t.trace.take();
         let now = Instant::now();
         // A continuation's timings are not the client's, and its counts start at the cut.
         let before = self.splice().map(|s| s.tokens_before);
@@ -258,6 +268,15 @@ impl TrackedBody {
             ttft_learned: t.ttft_learned,
             decision: t.decision,
         };
+        if let Some(tr) = trace {
+            tr.end(&crate::otel::span::Measured {
+                outcome: outcome.status.label(),
+                ttft_s: outcome.ttft_s,
+                tpot_s: outcome.tpot_s,
+                output_tokens: outcome.output_tokens,
+                cached_tokens: outcome.cached_tokens,
+            });
+        }
         if outcome.status == OutcomeStatus::Ok {
             t.booking.complete();
         } else {
@@ -394,6 +413,10 @@ impl TrackedBody {
                 };
                 // Close out the broken attempt (counted against its replica) with its
                 // own counts, quietly: the continuation will write the rest.
+                self.carried = self.track.as_mut().and_then(|t| t.trace.take());
+                if let Some(tr) = self.carried.as_mut() {
+                    tr.cut(status.label());
+                }
                 self.finish(status);
                 if let Some(f) = self.failover.as_mut() {
                     f.splice = Some(next);
@@ -426,7 +449,12 @@ impl TrackedBody {
         self.mode = Mode::Stream(Box::new(sc));
         self.upstream = r.resp.into_body();
         self.first = r.first;
-        self.track = Some(r.track);
+        let mut track = r.track;
+        track.trace = self.carried.take();
+        if let Some(tr) = track.trace.as_mut() {
+            tr.resumed(&track.replica);
+        }
+        self.track = Some(track);
         self.content_seen = 0;
         self.first_seen = false;
         let deadline = tokio::time::Instant::now() + self.idle_timeout;
@@ -440,6 +468,15 @@ impl TrackedBody {
             f.count("failed");
         }
         tracing::debug!("no continuation for a cut stream: {why}");
+        if let Some(tr) = self.carried.take() {
+            tr.end(&crate::otel::span::Measured {
+                outcome: OutcomeStatus::UpstreamFailed.label(),
+                ttft_s: None,
+                tpot_s: None,
+                output_tokens: None,
+                cached_tokens: None,
+            });
+        }
         ApiError::upstream("the replica failed mid-stream and no other replica could continue it")
             .sse_bytes()
     }

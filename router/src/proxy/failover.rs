@@ -491,6 +491,8 @@ pub async fn resume(
                             learn: None,
                             ttft_learned: false,
                             decision: None,
+                            // The request's trace is carried over by the body.
+                            trace: None,
                         };
                         return Ok(Resumed { resp, first, track });
                     }

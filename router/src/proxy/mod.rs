@@ -28,6 +28,7 @@ use crate::{
     error::ApiError,
     fleet::{Replica, Signal},
     node::Node,
+    otel::RequestTrace,
     policy::{CandidateError, RequestProfile, candidates::CandidateParams},
     request::{Endpoint, ParsedRequest},
     upstream,
@@ -211,9 +212,22 @@ pub async fn forward(
     headers: HeaderMap,
     arrived: Instant,
     failover: bool,
-    record: Option<u64>,
+    (record, trace): (Option<u64>, &mut Option<Box<RequestTrace>>),
 ) -> Result<Response<AxumBody>, ApiError> {
-    let (targets, fallback) = plan(&node, &profile, arrived, record).await?;
+    let span = trace.as_deref().map(RequestTrace::decide);
+    let planned = plan(&node, &profile, arrived, record).await;
+    if let (Some(s), Some(t)) = (span, trace.as_deref()) {
+        let (chosen, n, fb) = match &planned {
+            Ok((targets, fb)) => (
+                targets.first().map(|x| (x.replica.as_ref(), &x.routed)),
+                targets.len(),
+                *fb,
+            ),
+            Err(_) => (None, 0, None),
+        };
+        t.decided(s, node.policy.name(), chosen, n, fb, &profile);
+    }
+    let (targets, fallback) = planned?;
     let mut last_error: Option<Response<Incoming>> = None;
     let mut last_reason = "no attempt";
     for (attempt, target) in targets.iter().enumerate() {
@@ -225,7 +239,15 @@ pub async fn forward(
         }
         let r = &target.replica;
         let booking = lifecycle::book(r.as_ref(), &profile, &target.routed, clock::now_s());
-        let req = upstream_request(r, parsed.endpoint, &parsed.upstream_body, &headers)?;
+        let req = match trace.as_deref_mut() {
+            Some(t) => {
+                t.upstream(r, attempt, profile.stream);
+                let mut h = headers.clone();
+                t.inject(&mut h);
+                upstream_request(r, parsed.endpoint, &parsed.upstream_body, &h)?
+            }
+            None => upstream_request(r, parsed.endpoint, &parsed.upstream_body, &headers)?,
+        };
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
             node.cfg.proxy.first_byte_timeout(),
@@ -300,6 +322,7 @@ pub async fn forward(
                     learn: Some(target.routed.learn),
                     ttft_learned: false,
                     decision: record,
+                    trace: trace.take(),
                 };
                 let failover =
                     failover::Failover::new(&node, &parsed, &profile, &headers, arrived, failover);
@@ -320,6 +343,9 @@ pub async fn forward(
             Err(AttemptError::Retry(why, resp)) => {
                 drop(booking);
                 last_reason = why;
+                if let Some(t) = trace.as_deref_mut() {
+                    t.attempt_failed(why, resp.as_ref().map(|r| r.status().as_u16()));
+                }
                 node.decision_records
                     .update(record, |d| d.retries.push((r.name.clone(), why)));
                 node.metrics

@@ -50,6 +50,8 @@ pub struct Mock {
     pub health_ok: Arc<AtomicU32>,
     /// How long `/metrics` takes to answer (ms): a busy engine's event loop.
     pub metrics_delay_ms: Arc<AtomicU64>,
+    /// The `traceparent` header of the last completion request.
+    pub traceparent: Arc<std::sync::Mutex<Option<String>>>,
     cancel: CancellationToken,
 }
 
@@ -75,6 +77,7 @@ struct MockState {
     hits: Arc<AtomicUsize>,
     health_ok: Arc<AtomicU32>,
     metrics_delay_ms: Arc<AtomicU64>,
+    traceparent: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 fn behaviour(s: &MockState) -> Behaviour {
@@ -127,8 +130,19 @@ pub fn sse_events(chat: bool, n: usize, include_usage: bool) -> Vec<String> {
     ev
 }
 
-async fn complete(State(s): State<MockState>, chat: bool, body: Bytes) -> Response {
+async fn complete(
+    State(s): State<MockState>,
+    chat: bool,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     s.hits.fetch_add(1, SeqCst);
+    if let Ok(mut t) = s.traceparent.lock() {
+        *t = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+    }
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(_) => return (StatusCode::BAD_REQUEST, "bad json").into_response(),
@@ -182,16 +196,18 @@ pub async fn mock(model: &str) -> Mock {
     let hits = Arc::new(AtomicUsize::new(0));
     let health_ok = Arc::new(AtomicU32::new(1));
     let metrics_delay_ms = Arc::new(AtomicU64::new(0));
+    let traceparent = Arc::new(std::sync::Mutex::new(None));
     let st = MockState {
         model: model.into(),
         behaviour: behaviour.clone(),
         hits: hits.clone(),
         health_ok: health_ok.clone(),
         metrics_delay_ms: metrics_delay_ms.clone(),
+        traceparent: traceparent.clone(),
     };
     let app = Router::new()
-        .route("/v1/completions", post(|s: State<MockState>, b: Bytes| complete(s, false, b)))
-        .route("/v1/chat/completions", post(|s: State<MockState>, b: Bytes| complete(s, true, b)))
+        .route("/v1/completions", post(|s: State<MockState>, h: axum::http::HeaderMap, b: Bytes| complete(s, false, h, b)))
+        .route("/v1/chat/completions", post(|s: State<MockState>, h: axum::http::HeaderMap, b: Bytes| complete(s, true, h, b)))
         .route(
             "/v1/models",
             get(|State(s): State<MockState>| async move {
@@ -231,6 +247,7 @@ pub async fn mock(model: &str) -> Mock {
         hits,
         health_ok,
         metrics_delay_ms,
+        traceparent,
         cancel,
     }
 }
