@@ -624,7 +624,11 @@ impl<'w> Simulator<'w> {
             learn: Learn {
                 key,
                 obs,
-                prediction: node.predictor.load().predict(key, &obs),
+                prediction: headroom_core::region::with_rtt(
+                    node.predictor.load().predict(key, &obs),
+                    headroom_core::region::rtt_of(c),
+                ),
+                rtt_ms: headroom_core::region::rtt_of(c),
             },
         };
         drop(cands);
