@@ -13,6 +13,8 @@ use headroom_predictor::PredictorConfig;
 
 use serde::{Deserialize, Serialize};
 
+use headroom_core::region::RegionsConfig;
+
 use crate::{
     mesh::MeshSettings,
     policy::{
@@ -79,6 +81,8 @@ pub struct RouterConfig {
     pub edge: crate::edge::EdgeConfig,
     /// Admission before routing: capacity, the gate's queue and waits.
     pub admission: AdmissionConfig,
+    /// Round trips between regions and regions' summaries (`headroom_core::region`).
+    pub regions: RegionsConfig,
 }
 
 impl Default for RouterConfig {
@@ -110,6 +114,7 @@ impl Default for RouterConfig {
             mesh: MeshSettings::default(),
             edge: crate::edge::EdgeConfig::default(),
             admission: AdmissionConfig::default(),
+            regions: RegionsConfig::default(),
         }
     }
 }
@@ -166,7 +171,7 @@ pub struct ReplicaConfig {
     /// Hardware/model class (replicas of one class share a latency model).
     #[serde(default)]
     pub class: Option<String>,
-    /// Region the replica lives in.
+    /// Region the replica lives in; none: the node's (`mesh.region`).
     #[serde(default)]
     pub region: Option<String>,
     /// The engine's `max_num_batched_tokens`, if known (vLLM does not export it).
@@ -243,6 +248,9 @@ pub struct DnsDiscovery {
     pub interval_ms: u64,
     #[serde(default)]
     pub class: Option<String>,
+    /// Region of the replicas the name resolves to; none: the node's.
+    #[serde(default)]
+    pub region: Option<String>,
 }
 
 fn default_dns_interval_ms() -> u64 {

@@ -335,10 +335,15 @@ impl Policy for SloPolicy {
             .map(|(c, o)| snap.predict(features::key(c), o))
             .collect();
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
-        // its own bound (its labels are scarcer and noisier), so warmth is TTFT's.
-        let warm = preds
-            .iter()
-            .filter(|p| p.ttft_state == ModelState::Warm)
+        // its own bound (its labels are scarcer and noisier), so warmth is TTFT's. It is
+        // the home region's: remote classes this node rarely places on stay cold under
+        // its own gate, and counting them would pin it to load-routing at home forever.
+        let local: Vec<bool> = cands.iter().map(region::is_local).collect();
+        let any_local = local.contains(&true);
+        let home = |i: usize| local[i] || !any_local;
+        let pool = (0..cands.len()).filter(|&i| home(i)).count();
+        let warm = (0..cands.len())
+            .filter(|&i| home(i) && preds[i].ttft_state == ModelState::Warm)
             .count();
         // Round trips to remote candidates (0 in region) and what the client would see.
         let rtts: Vec<f64> = cands.iter().map(region::rtt_of).collect();
@@ -347,7 +352,7 @@ impl Policy for SloPolicy {
             .zip(&rtts)
             .map(|(p, r)| region::with_rtt(*p, *r))
             .collect();
-        if (warm as f64) < self.cfg.min_warm_fraction * cands.len() as f64 {
+        if (warm as f64) < self.cfg.min_warm_fraction * pool as f64 {
             let mut d = region::local_first(&TokenLoad, req, cands, ctx);
             d.predictions = seen;
             d.fallback = Some("cold-model");
@@ -408,9 +413,6 @@ impl Policy for SloPolicy {
         let mut ranked = order(&evals, ctx.rng);
         // Local first: out of region only when no local candidate meets both objectives
         // and a remote one, its round trip included, does; least-bad stays local.
-        let local: Vec<bool> = cands.iter().map(region::is_local).collect();
-        let any_local = local.contains(&true);
-        let home = |i: usize| local[i] || !any_local;
         let away = |i: usize| !local[i];
         let probe = self.probe(cands, &evals, &home, ctx.now_s);
         let fit = probe

@@ -8,7 +8,9 @@
 //!   by rendezvous hashing over the region's live members and published as
 //!   `scrape/<replica>`, so scrape load stays flat as nodes are added;
 //! - prefix-index deltas per replica (`prefix/<replica>`, bounded);
-//! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer;
+//! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer
+//!   (from another region without per-replica corrections);
+//! - region summaries (`summary/<region>`, cross-region; `regions.rs`);
 //! - membership and liveness from chitchat's failure detector.
 //!
 //! Nothing here is on the request path except `note_prefix`, a non-blocking send.
@@ -16,6 +18,7 @@
 pub mod duplicate;
 mod owners;
 mod peers;
+pub mod regions;
 
 use std::{
     collections::HashMap,
@@ -131,6 +134,7 @@ pub struct MeshRuntime {
     cancel: CancellationToken,
     tracker: TaskTracker,
     duplicates: duplicate::DuplicateWatch,
+    regions: regions::Regions,
 }
 
 fn to_stat(b: &StatsBlock) -> StatBlock {
@@ -272,6 +276,7 @@ impl MeshRuntime {
             cancel,
             tracker: TaskTracker::new(),
             duplicates,
+            regions: regions::Regions::default(),
         });
         let info = WireValue::NodeInfo(NodeInfo {
             region: rt.settings.region.clone(),
@@ -290,6 +295,7 @@ impl MeshRuntime {
         rt.tracker.spawn(rt.clone().scrape_loop(scrape_rx));
         rt.tracker.spawn(rt.clone().prefix_loop());
         rt.tracker.spawn(rt.clone().predictor_loop());
+        rt.tracker.spawn(rt.clone().summary_loop());
         tracing::info!(node = %node_id, addr = %rt.addr, region = %rt.settings.region, "joined the mesh");
         Ok(rt)
     }
@@ -430,6 +436,7 @@ impl MeshRuntime {
             let Some(mesh) = self.mesh() else { return };
             let all = mesh.members().await;
             let own_generation = all.iter().find(|m| m.is_self).map_or(0, |m| m.generation);
+            self.regions.note_members(&all);
             self.duplicates
                 .check(&all, self.node_id(), self.addr, own_generation);
             let members: Vec<String> = all
@@ -584,11 +591,23 @@ impl MeshRuntime {
                 ..
             } => {
                 let rows: Vec<StatsBlock> = slot.blocks.iter().map(from_stat).collect();
+                // A peer not known to be in this region shares its classes only.
+                let home = self.regions.in_region(&node, &self.settings.region);
                 match FederationSlot::from_blocks(&node, &rows) {
-                    Ok(s) => self.node.trainer.merge_peer(s),
+                    Ok(s) if home => self.node.trainer.merge_peer(s),
+                    Ok(s) => self
+                        .node
+                        .trainer
+                        .merge_peer(headroom_core::region::cross_region_slot(s)),
                     Err(e) => tracing::debug!(peer = %node, "predictor slot refused: {e}"),
                 }
             }
+            MeshEvent::Value {
+                node,
+                value: WireValue::Summary(s),
+                age,
+                ..
+            } => self.ingest_summary(&node, &s, age),
             MeshEvent::ValueRemoved { node, key, .. } if key == keys::inflight() => {
                 let mut p = self.peers.lock();
                 if p.remove(&node) {
@@ -652,6 +671,7 @@ impl MeshRuntime {
             "published_vectors": self.published.load(Relaxed),
             "ingested_events": self.ingested.load(Relaxed),
             "duplicate_node_ids": self.duplicates.total(),
+            "regions": self.regions.json(now, self.node.cfg.regions.summary_ttl_ms as f64 / 1e3),
             "stats": format!("{st:?}"),
         })
     }
