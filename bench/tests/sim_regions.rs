@@ -63,17 +63,29 @@ fn a_dark_region_moves_its_traffic_and_takes_it_back() {
         row(&rows, "eu-1", "after"),
     );
     assert!(before.requests > 30 && during.requests > 30 && after.requests > 30);
-    assert!(before.remote_share.unwrap() < 0.05, "home while home is fine");
+    assert!(
+        before.remote_share.unwrap() < 0.05,
+        "home while home is fine"
+    );
     assert_eq!(during.remote_share, Some(1.0), "every placement moved");
     assert!(after.remote_share.unwrap() < 0.10, "and came back");
     // The objectives hold across the distance: 50 ms of 1.5 s.
     for r in [before, during, after] {
-        assert!(r.attainment.unwrap() >= 0.9, "eu-1 {}: {:?}", r.phase, r.attainment);
+        assert!(
+            r.attainment.unwrap() >= 0.9,
+            "eu-1 {}: {:?}",
+            r.phase,
+            r.attainment
+        );
     }
     for phase in ["before", "during", "after"] {
         let us = row(&rows, "us-1", phase);
         assert!(us.remote_share.unwrap() < 0.05, "us-1 stays home {phase}");
-        assert!(us.attainment.unwrap() >= 0.9, "us-1 {phase}: {:?}", us.attainment);
+        assert!(
+            us.attainment.unwrap() >= 0.9,
+            "us-1 {phase}: {:?}",
+            us.attainment
+        );
     }
     // Remote placements are forecast client-side: the RTT is in the prediction.
     let remote_pred: Vec<f64> = run
@@ -108,7 +120,10 @@ fn an_overloaded_region_spills_to_where_the_objectives_hold() {
     println!("eu-1 fallbacks: {fb:?}");
     assert_eq!(h_eu.remote_share, Some(0.0), "a baseline stays local-first");
     let spill = s_eu.remote_share.unwrap();
-    assert!(spill > 0.2 && spill < 0.95, "slo spills a share: {spill:.3}");
+    assert!(
+        spill > 0.2 && spill < 0.95,
+        "slo spills a share: {spill:.3}"
+    );
     assert!(
         s_eu.attainment.unwrap() > h_eu.attainment.unwrap() + 0.2,
         "and meets more objectives: {:?} vs {:?}",

@@ -158,7 +158,22 @@ pub fn local_first(
     cands: &[Candidate<'_>],
     ctx: &mut DecideCtx<'_>,
 ) -> Decision {
-    let local: Vec<usize> = (0..cands.len()).filter(|&i| is_local(&cands[i])).collect();
+    if !cands.iter().any(is_local) {
+        return policy.decide(req, cands, ctx);
+    }
+    decide_within(policy, req, cands, ctx, &|i| is_local(&cands[i]))
+}
+
+/// Runs `policy` on the candidates `keep` admits (all, when it admits none), with the
+/// indices, predictions and evaluations as in [`local_first`].
+pub fn decide_within(
+    policy: &dyn Policy,
+    req: &RequestProfile,
+    cands: &[Candidate<'_>],
+    ctx: &mut DecideCtx<'_>,
+    keep: &dyn Fn(usize) -> bool,
+) -> Decision {
+    let local: Vec<usize> = (0..cands.len()).filter(|&i| keep(i)).collect();
     if local.is_empty() || local.len() == cands.len() {
         return policy.decide(req, cands, ctx);
     }

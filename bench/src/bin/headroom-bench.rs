@@ -297,7 +297,9 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     for d in &dark {
         anyhow::ensure!(
-            fleet.iter().any(|g| g.region.as_deref() == Some(d.region.as_str())),
+            fleet
+                .iter()
+                .any(|g| g.region.as_deref() == Some(d.region.as_str())),
             "--dark `{}`: no fleet region `{}`",
             d.region,
             d.region

@@ -84,7 +84,9 @@ impl Dark {
             a.parse::<f64>().map_err(|_| bad())?,
             b.parse::<f64>().map_err(|_| bad())?,
         );
-        if region.is_empty() || !(from_s.is_finite() && to_s.is_finite() && 0.0 <= from_s && from_s < to_s) {
+        if region.is_empty()
+            || !(from_s.is_finite() && to_s.is_finite() && 0.0 <= from_s && from_s < to_s)
+        {
             return Err(bad());
         }
         Ok(Self {
@@ -277,7 +279,10 @@ mod tests {
             ["eu-1", "us-1", "eu-1"]
         );
         let d = super::Dark::parse("us-1:100:200").unwrap();
-        assert_eq!((d.region.as_str(), d.from_s, d.to_s), ("us-1", 100.0, 200.0));
+        assert_eq!(
+            (d.region.as_str(), d.from_s, d.to_s),
+            ("us-1", 100.0, 200.0)
+        );
         for bad in ["us-1:200:100", "us-1:1", ":1:2", "us-1:a:2", "us-1:1:2:3"] {
             assert!(super::Dark::parse(bad).is_err(), "{bad}");
         }

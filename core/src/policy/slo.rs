@@ -353,7 +353,24 @@ impl Policy for SloPolicy {
             .map(|(p, r)| region::with_rtt(*p, *r))
             .collect();
         if (warm as f64) < self.cfg.min_warm_fraction * pool as f64 {
-            let mut d = region::local_first(&TokenLoad, req, cands, ctx);
+            // Home is cold: by load among the home candidates and any remote one whose
+            // warm forecast meets both objectives with its round trip (else a cold
+            // home region would never learn that it should hand work away).
+            let remote_fit = |i: usize| {
+                !home(i)
+                    && preds[i].ttft_state == ModelState::Warm
+                    && evaluate(
+                        &preds[i],
+                        (req.slo.ttft_ms - rtts[i]).max(1e-6),
+                        req.slo.tpot_ms,
+                        loads[i].min_tpot_slo_ms,
+                    )
+                    .tier
+                        == 0
+            };
+            let mut d = region::decide_within(&TokenLoad, req, cands, ctx, &|i| {
+                home(i) || remote_fit(i)
+            });
             d.predictions = seen;
             d.fallback = Some("cold-model");
             return d;

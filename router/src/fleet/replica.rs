@@ -69,10 +69,7 @@ impl Replica {
             url,
             name,
             class,
-            region: rc
-                .region
-                .clone()
-                .unwrap_or_else(|| node_region.to_string()),
+            region: rc.region.clone().unwrap_or_else(|| node_region.to_string()),
             remote_rtt_ms: regions.remote_rtt_ms(node_region, rc.region.as_deref()),
             region_dark: Default::default(),
             max_batched_tokens: rc.max_batched_tokens,

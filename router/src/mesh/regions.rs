@@ -81,7 +81,13 @@ impl Regions {
 
     /// Marks each remote replica dark or not from the book at `now_s`; returns how many
     /// changed.
-    pub fn apply(&self, replicas: &[Arc<Replica>], own_region: &str, now_s: f64, ttl_s: f64) -> usize {
+    pub fn apply(
+        &self,
+        replicas: &[Arc<Replica>],
+        own_region: &str,
+        now_s: f64,
+        ttl_s: f64,
+    ) -> usize {
         let book = self.book.lock();
         let mut changed = 0;
         for r in replicas {
@@ -163,7 +169,13 @@ impl MeshRuntime {
             let now = clock::now_s();
             let replicas = self.node.fleet.replicas();
             let own = &self.settings.region;
-            let s = summarize(&replicas, own, self.regions.routers.load(Relaxed), stale_s, now);
+            let s = summarize(
+                &replicas,
+                own,
+                self.regions.routers.load(Relaxed),
+                stale_s,
+                now,
+            );
             self.regions.apply(&replicas, own, now, ttl_s);
             let Some(mesh) = self.mesh() else { return };
             if let Err(e) = mesh
@@ -180,8 +192,12 @@ impl MeshRuntime {
         let now = clock::now_s();
         self.regions.note_summary(node, s, age, now);
         let ttl_s = self.node.cfg.regions.summary_ttl_ms as f64 / 1e3;
-        self.regions
-            .apply(&self.node.fleet.replicas(), &self.settings.region, now, ttl_s);
+        self.regions.apply(
+            &self.node.fleet.replicas(),
+            &self.settings.region,
+            now,
+            ttl_s,
+        );
     }
 }
 
@@ -236,7 +252,10 @@ mod tests {
         g.note_summary("us-node", &summary("us-1", 0), Duration::ZERO, 10.0);
         assert!(g.in_region("us-node", "us-1"));
         assert_eq!(g.apply(&rs, "eu-1", 10.0, 5.0), 1);
-        assert!(rs[0].routable(), "the own region is never darkened by a summary");
+        assert!(
+            rs[0].routable(),
+            "the own region is never darkened by a summary"
+        );
         assert!(!rs[1].routable(), "us-1 said it has no healthy replica");
         // Its own summary of eu-1 going dark does not darken eu-1 here.
         g.note_summary("x", &summary("eu-1", 0), Duration::ZERO, 10.0);
