@@ -368,9 +368,8 @@ impl Policy for SloPolicy {
                     .tier
                         == 0
             };
-            let mut d = region::decide_within(&TokenLoad, req, cands, ctx, &|i| {
-                home(i) || remote_fit(i)
-            });
+            let mut d =
+                region::decide_within(&TokenLoad, req, cands, ctx, &|i| home(i) || remote_fit(i));
             d.predictions = seen;
             d.fallback = Some("cold-model");
             return d;
