@@ -78,6 +78,7 @@ fn plan_class(wl: &Workload, ask: &PlanAsk, class: &str) -> Result<ClassAnswer, 
             fleet: vec![FleetGroup {
                 profile: class.to_string(),
                 count: n,
+                region: None,
             }],
             ..ask.base.clone()
         };

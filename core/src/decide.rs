@@ -19,6 +19,7 @@ use crate::{
         candidates::CandidateParams, features,
     },
     prefix::PrefixIndex,
+    region,
     view::ReplicaView,
 };
 
@@ -27,7 +28,11 @@ use crate::{
 pub struct Learn {
     pub key: ReplicaKey,
     pub obs: Observation,
+    /// Client-side: the TTFT includes `rtt_ms`.
     pub prediction: Prediction,
+    /// Round trip to the replica's region (ms; 0 in region): what the learned TTFT
+    /// label and prediction lose to become engine-side ([`crate::region`]).
+    pub rtt_ms: f64,
 }
 
 /// One ranked target.
@@ -103,9 +108,12 @@ fn route_inner<R: ReplicaView>(
 ) -> Result<Routed, CandidateError> {
     let started = Instant::now();
     let cands = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
-    let decision = inp
-        .policy
-        .decide(profile, &cands, &mut DecideCtx { now_s, rng });
+    let mut ctx = DecideCtx { now_s, rng };
+    let decision = if inp.policy.regional() {
+        inp.policy.decide(profile, &cands, &mut ctx)
+    } else {
+        region::local_first(inp.policy, profile, &cands, &mut ctx)
+    };
     // Loaded only if some target lacks the policy's own prediction.
     let mut snap = None;
     let mut targets = |order: &[usize]| -> Vec<RoutedTarget> {
@@ -117,11 +125,14 @@ fn route_inner<R: ReplicaView>(
                 let c = &cands[i];
                 let key = features::key(c);
                 let obs = features::observation(profile, c);
+                let rtt_ms = region::rtt_of(c);
                 let prediction = match decision.predictions.get(i).copied() {
                     Some(p) => p,
-                    None => snap
-                        .get_or_insert_with(|| inp.predictor.load())
-                        .predict(key, &obs),
+                    None => region::with_rtt(
+                        snap.get_or_insert_with(|| inp.predictor.load())
+                            .predict(key, &obs),
+                        rtt_ms,
+                    ),
                 };
                 RoutedTarget {
                     index: c.index,
@@ -130,6 +141,7 @@ fn route_inner<R: ReplicaView>(
                         key,
                         obs,
                         prediction,
+                        rtt_ms,
                     },
                 }
             })
@@ -170,9 +182,11 @@ fn route_inner<R: ReplicaView>(
                 kv_usage: c.scraped.as_ref().and_then(|s| s.kv_usage),
                 prediction: match decision.predictions.get(i).copied() {
                     Some(p) => p,
-                    None => snap
-                        .get_or_insert_with(|| inp.predictor.load())
-                        .predict(features::key(c), &features::observation(profile, c)),
+                    None => region::with_rtt(
+                        snap.get_or_insert_with(|| inp.predictor.load())
+                            .predict(features::key(c), &features::observation(profile, c)),
+                        region::rtt_of(c),
+                    ),
                 },
                 eval: decision.evals.get(i).copied(),
                 rank: rank[i],

@@ -9,7 +9,7 @@
 //! → [`lifecycle`] (admit, dispatch, finish); [`ledger`] (this node's in-flight work
 //! per replica), [`prefix`] (which replica holds which prompt blocks), [`blocks`]
 //! (prompt block hashes), [`output`] (output-length estimate), [`scraped`] (engine
-//! state). No async runtime, no HTTP: time comes in as `now_s`, randomness as an rng.
+//! state), [`region`] (where a replica is, what the distance costs, regions' summaries). No async runtime, no HTTP: time comes in as `now_s`, randomness as an rng.
 
 pub mod admission;
 pub mod blocks;
@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod output;
 pub mod policy;
 pub mod prefix;
+pub mod region;
 pub mod scraped;
 pub mod view;
 

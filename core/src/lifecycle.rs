@@ -169,7 +169,8 @@ pub fn book(
     target: &RoutedTarget,
     now_s: f64,
 ) -> Booking {
-    let p = &target.learn.prediction;
+    // The ledger paces the engine's prefill: the engine-side forecast.
+    let p = &crate::region::without_rtt(target.learn.prediction, target.learn.rtt_ms);
     replica.ledger().book(
         BookingSpec {
             prompt_tokens: profile.prompt_tokens,
@@ -308,14 +309,16 @@ fn sample(
     if ttft_ms.is_none() && tpot_ms.is_none() {
         return None;
     }
+    // Engine-side, whichever region measured it: the round trip is the network's.
+    let rtt = learn.rtt_ms;
     Some(Sample {
         key: learn.key,
         obs: learn.obs,
         at_s,
-        ttft_ms,
+        ttft_ms: ttft_ms.map(|t| (t - rtt).max(0.0)),
         tpot_ms,
         output_tokens,
         censored,
-        predicted: Some(learn.prediction),
+        predicted: Some(crate::region::without_rtt(learn.prediction, rtt)),
     })
 }

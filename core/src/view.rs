@@ -103,6 +103,12 @@ pub trait ReplicaView: Send + Sync + std::fmt::Debug {
     fn ledger(&self) -> &Arc<Ledger>;
     /// This replica's insertion cursor in the node's prefix index.
     fn prefix_cursor(&self) -> &AtomicU64;
+    /// `None` when the replica is in the deciding node's region; else the round trip
+    /// between the two regions (ms), which the client's TTFT pays once
+    /// ([`crate::region`]).
+    fn remote_rtt_ms(&self) -> Option<f64> {
+        None
+    }
 }
 
 impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
@@ -136,6 +142,9 @@ impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
     fn prefix_cursor(&self) -> &AtomicU64 {
         (**self).prefix_cursor()
     }
+    fn remote_rtt_ms(&self) -> Option<f64> {
+        (**self).remote_rtt_ms()
+    }
 }
 
 /// A replica held in plain fields: what the simulator and tests fill directly.
@@ -151,6 +160,8 @@ pub struct PlainReplica {
     pub peer_load: PeerLoad,
     pub ledger: Arc<Ledger>,
     pub prefix_cursor: AtomicU64,
+    /// In another region than the node's, this far (round trip, ms); `None` in region.
+    pub remote_rtt_ms: Option<f64>,
 }
 
 impl PlainReplica {
@@ -175,6 +186,7 @@ impl PlainReplica {
             peer_load: PeerLoad::default(),
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),
+            remote_rtt_ms: None,
         }
     }
 }
@@ -209,5 +221,8 @@ impl ReplicaView for PlainReplica {
     }
     fn prefix_cursor(&self) -> &AtomicU64 {
         &self.prefix_cursor
+    }
+    fn remote_rtt_ms(&self) -> Option<f64> {
+        self.remote_rtt_ms
     }
 }

@@ -46,6 +46,7 @@ fn explained_decision_is_the_same_decision_with_every_candidate_noted() {
             key: Default::default(),
             obs: Default::default(),
             prediction: Default::default(),
+            rtt_ms: 0.0,
         },
     };
     let _busy = lifecycle::book(&rs[0], &p, &at(0), 0.0);

@@ -44,6 +44,8 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
                     max_batched_tokens: Some(8192),
                     ..Default::default()
                 },
+                "local",
+                &Default::default(),
             )
             .expect("valid replica");
             r.models.store(Arc::new(ServedModels {

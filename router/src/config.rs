@@ -13,6 +13,8 @@ use headroom_predictor::PredictorConfig;
 
 use serde::{Deserialize, Serialize};
 
+use headroom_core::region::RegionsConfig;
+
 use crate::{
     mesh::MeshSettings,
     policy::{
@@ -81,6 +83,8 @@ pub struct RouterConfig {
     pub admission: AdmissionConfig,
     /// OpenTelemetry traces of each request's life (off unless `otlp_endpoint` is set).
     pub tracing: TracingConfig,
+    /// Round trips between regions and regions' summaries (`headroom_core::region`).
+    pub regions: RegionsConfig,
 }
 
 impl Default for RouterConfig {
@@ -112,6 +116,7 @@ impl Default for RouterConfig {
             mesh: MeshSettings::default(),
             edge: crate::edge::EdgeConfig::default(),
             admission: AdmissionConfig::default(),
+            regions: RegionsConfig::default(),
             tracing: TracingConfig::default(),
         }
     }
@@ -204,7 +209,7 @@ pub struct ReplicaConfig {
     /// Hardware/model class (replicas of one class share a latency model).
     #[serde(default)]
     pub class: Option<String>,
-    /// Region the replica lives in.
+    /// Region the replica lives in; none: the node's (`mesh.region`).
     #[serde(default)]
     pub region: Option<String>,
     /// The engine's `max_num_batched_tokens`, if known (vLLM does not export it).
@@ -281,6 +286,9 @@ pub struct DnsDiscovery {
     pub interval_ms: u64,
     #[serde(default)]
     pub class: Option<String>,
+    /// Region of the replicas the name resolves to; none: the node's.
+    #[serde(default)]
+    pub region: Option<String>,
 }
 
 fn default_dns_interval_ms() -> u64 {

@@ -88,6 +88,9 @@ struct ServeArgs {
     /// Seeds of other regions (summaries and predictor federation only).
     #[arg(long = "remote-region-peer")]
     remote_region_peers: Vec<String>,
+    /// `A/B=MS`: the round trip between regions A and B (`[regions] rtt_ms`; repeatable).
+    #[arg(long = "region-rtt")]
+    region_rtts: Vec<String>,
     /// Recent decision records kept for `/debug/decisions` (0 = off).
     #[arg(long)]
     decision_records: Option<usize>,
@@ -143,6 +146,7 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
             name,
             interval_ms: 5_000,
             class: None,
+            region: None,
         });
     }
     if let Some(p) = a.policy {
@@ -171,6 +175,13 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
     }
     cfg.mesh.peers.extend(a.peers);
     cfg.mesh.remote_region_peers.extend(a.remote_region_peers);
+    for spec in &a.region_rtts {
+        let (pair, ms) = spec
+            .split_once('=')
+            .and_then(|(p, v)| Some((p.trim(), v.trim().parse::<f64>().ok()?)))
+            .with_context(|| format!("--region-rtt `{spec}`: expected A/B=MS"))?;
+        cfg.regions.rtt_ms.insert(pair.to_string(), ms);
+    }
     if a.gossip_tls_dir.is_some() {
         cfg.mesh.tls_dir = a.gossip_tls_dir;
     }

@@ -32,7 +32,7 @@ impl ReplicaView for Replica {
         self.models.load().serving(model)
     }
     fn routable(&self) -> bool {
-        self.health.routable()
+        self.health.routable() && !self.region_dark.load(std::sync::atomic::Ordering::Relaxed)
     }
     fn scraped(&self) -> Option<Arc<Scraped>> {
         self.scraped.load_full()
@@ -45,5 +45,8 @@ impl ReplicaView for Replica {
     }
     fn prefix_cursor(&self) -> &AtomicU64 {
         &self.prefix_cursor
+    }
+    fn remote_rtt_ms(&self) -> Option<f64> {
+        self.remote_rtt_ms
     }
 }

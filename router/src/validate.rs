@@ -83,6 +83,7 @@ pub fn check(cfg: &RouterConfig) -> Result<(), String> {
     admission(cfg, &mut p);
     mesh(cfg, &mut p);
     tracing(cfg, &mut p);
+    regions(cfg, &mut p);
     crate::edge::validate(&cfg.edge, cfg, &mut |f, m| p.push(f, m));
     if p.0.is_empty() {
         Ok(())
@@ -419,9 +420,44 @@ fn mesh(cfg: &RouterConfig, p: &mut Problems) {
     }
 }
 
+fn regions(cfg: &RouterConfig, p: &mut Problems) {
+    let r = &cfg.regions;
+    if let Err(e) = r.check() {
+        p.push("regions.rtt_ms", e);
+    }
+    p.range("regions.default_rtt_ms", r.default_rtt_ms, 0.0, 10_000.0);
+    p.ms("regions.summary_ttl_ms", r.summary_ttl_ms);
+    p.ms("regions.summary_interval_ms", r.summary_interval_ms);
+    if r.summary_ttl_ms < r.summary_interval_ms {
+        p.push(
+            "regions.summary_ttl_ms",
+            "must be >= regions.summary_interval_ms (else every summary expires before the next)",
+        );
+    }
+    for (i, rc) in cfg.replicas.iter().enumerate() {
+        if rc.region.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            p.push(&format!("replicas[{i}].region"), "must not be empty");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn region_tables_are_checked() {
+        let mut cfg = RouterConfig::default();
+        cfg.regions.rtt_ms.insert("eu-1/us-1".into(), 50.0);
+        assert!(check(&cfg).is_ok());
+        cfg.regions.rtt_ms.insert("us-1/eu-1".into(), 60.0);
+        cfg.regions.default_rtt_ms = -1.0;
+        cfg.regions.summary_ttl_ms = 10;
+        let e = check(&cfg).unwrap_err();
+        assert!(e.contains("`regions.rtt_ms`") && e.contains("twice"), "{e}");
+        assert!(e.contains("`regions.default_rtt_ms`"), "{e}");
+        assert!(e.contains("`regions.summary_ttl_ms`"), "{e}");
+    }
 
     fn problems(edit: impl FnOnce(&mut RouterConfig)) -> String {
         let mut c = RouterConfig::default();

@@ -186,6 +186,16 @@ struct SimArgs {
     /// instead of the router's approximate prefix index.
     #[arg(long)]
     precise_prefix: bool,
+    /// `A/B=MS`: round trip between regions A and B of the fleet (`profile:n@region`).
+    /// Repeatable; pairs without one get `--default-rtt-ms`.
+    #[arg(long = "rtt-ms")]
+    rtt_ms: Vec<String>,
+    #[arg(long, default_value_t = headroom_core::region::RegionsConfig::default().default_rtt_ms)]
+    default_rtt_ms: f64,
+    /// `REGION:FROM_S:TO_S`: the region's replicas go dark for that window (simulated
+    /// seconds). Repeatable; the per-region report splits at the first.
+    #[arg(long)]
+    dark: Vec<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Parallel simulations (default: available cores).
@@ -262,6 +272,39 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     if a.admission_max_wait_ms == 0 {
         anyhow::bail!("--admission-max-wait-ms must be > 0");
     }
+    let mut regions = headroom_core::region::RegionsConfig {
+        default_rtt_ms: a.default_rtt_ms,
+        ..Default::default()
+    };
+    for spec in &a.rtt_ms {
+        let (pair, ms) = spec
+            .split_once('=')
+            .and_then(|(p, v)| Some((p.trim(), v.trim().parse::<f64>().ok()?)))
+            .with_context(|| format!("--rtt-ms `{spec}`: expected A/B=MS"))?;
+        regions.rtt_ms.insert(pair.to_string(), ms);
+    }
+    regions.check()?;
+    anyhow::ensure!(
+        a.default_rtt_ms.is_finite() && (0.0..=10_000.0).contains(&a.default_rtt_ms),
+        "--default-rtt-ms {} not in [0, 10000]",
+        a.default_rtt_ms
+    );
+    let dark = a
+        .dark
+        .iter()
+        .map(|d| headroom_bench::sim::Dark::parse(d))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    for d in &dark {
+        anyhow::ensure!(
+            fleet
+                .iter()
+                .any(|g| g.region.as_deref() == Some(d.region.as_str())),
+            "--dark `{}`: no fleet region `{}`",
+            d.region,
+            d.region
+        );
+    }
     let base = SimConfig {
         admission: headroom_core::admission::GateConfig {
             per_replica: a.admission_per_replica,
@@ -282,6 +325,8 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         seed: a.seed,
         rate_scale: a.rate_scale,
         precise_prefix: a.precise_prefix,
+        regions,
+        dark,
         ..SimConfig::default()
     };
     let search = CapacitySearch::default();
@@ -383,15 +428,50 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         settings,
         policies: Vec::new(),
     };
+    if !a.rtt_ms.is_empty() {
+        settings_rtt(&mut report.settings, &a);
+    }
     for (_, r) in results {
         report.policies.push(r?);
     }
     let files = write_report(&a.out, &report)?;
+    if base.region_names().len() > 1 {
+        write_regions(&a.out, &report, &base)?;
+    }
     println!(
         "{}",
         std::fs::read_to_string(&files.markdown).unwrap_or_default()
     );
     eprintln!("wrote {}", files.markdown.display());
+    Ok(())
+}
+
+fn settings_rtt(settings: &mut BTreeMap<String, String>, a: &SimArgs) {
+    settings.insert("rtt_ms".into(), a.rtt_ms.join(" "));
+    settings.insert("default_rtt_ms".into(), a.default_rtt_ms.to_string());
+    if !a.dark.is_empty() {
+        settings.insert("dark".into(), a.dark.join(" "));
+    }
+}
+
+/// `regions.md` and `regions.json`: per region and phase, each policy's attainment and
+/// share routed out of region.
+fn write_regions(out: &std::path::Path, report: &Report, cfg: &SimConfig) -> anyhow::Result<()> {
+    use headroom_bench::report::regions::{markdown, region_phases};
+    let mut md = String::from("# Regions: attainment and share routed remote, per phase\n\n");
+    let mut json = serde_json::Map::new();
+    for p in &report.policies {
+        let rows = region_phases(&p.run, cfg);
+        md.push_str(&markdown(&p.run.policy, &rows));
+        md.push('\n');
+        json.insert(p.run.policy.clone(), serde_json::to_value(&rows)?);
+    }
+    std::fs::write(out.join("regions.md"), &md)?;
+    std::fs::write(
+        out.join("regions.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    println!("{md}");
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! `report.json`, SVG plots) that compare policies side by side.
 
 pub mod quantile;
+pub mod regions;
 pub mod summary;
 
 pub use summary::RunSummary;

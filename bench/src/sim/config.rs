@@ -9,16 +9,33 @@ use headroom_predictor::PredictorConfig;
 pub struct FleetGroup {
     pub profile: String,
     pub count: u32,
+    /// The region its replicas are in (`profile:count@region`); `None`: [`LOCAL_REGION`].
+    pub region: Option<String>,
 }
+
+/// The region of replicas and nodes when the fleet names none.
+pub const LOCAL_REGION: &str = "local";
 
 /// The default fleet (documented in the README): a heterogeneous 16-replica fleet of
 /// 6 H100-class, 6 A100-class and 4 L4-class Llama-3-8B replicas.
 pub const DEFAULT_FLEET: &str = "h100-llama3-8b:6,a100-llama3-8b:6,l4-llama3-8b:4";
 
-/// Parses `profile:count,profile:count` (a bare profile means one replica).
+/// Parses `profile:count@region,profile:count` (a bare profile means one replica; no
+/// `@region` means [`LOCAL_REGION`]).
 pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
     let mut out = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    for entry in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (part, region) = match entry.split_once('@') {
+            Some((p, r)) if !r.trim().is_empty() && !r.contains(['@', '/']) => {
+                (p.trim(), Some(r.trim().to_string()))
+            }
+            Some(_) => {
+                return Err(format!(
+                    "fleet entry `{entry}`: expected profile:count@region"
+                ));
+            }
+            None => (entry, None),
+        };
         let (profile, count) = match part.split_once(':') {
             Some((p, c)) => (
                 p.trim(),
@@ -35,12 +52,49 @@ pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
         out.push(FleetGroup {
             profile: profile.to_string(),
             count,
+            region,
         });
     }
     if out.is_empty() {
         return Err("empty fleet".into());
     }
     Ok(out)
+}
+
+/// A region's replicas unreachable from `from_s` until `to_s` (simulated seconds):
+/// every node's health checks see them down and no new request goes there; requests
+/// already placed there finish (drain). The region's router nodes keep routing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dark {
+    pub region: String,
+    pub from_s: f64,
+    pub to_s: f64,
+}
+
+impl Dark {
+    /// Parses `REGION:FROM_S:TO_S`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let bad = || format!("dark `{spec}`: expected REGION:FROM_S:TO_S with FROM_S < TO_S");
+        let mut it = spec.split(':').map(str::trim);
+        let (Some(region), Some(a), Some(b), None) = (it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(bad());
+        };
+        let (from_s, to_s) = (
+            a.parse::<f64>().map_err(|_| bad())?,
+            b.parse::<f64>().map_err(|_| bad())?,
+        );
+        if region.is_empty()
+            || !(from_s.is_finite() && to_s.is_finite() && 0.0 <= from_s && from_s < to_s)
+        {
+            return Err(bad());
+        }
+        Ok(Self {
+            region: region.to_string(),
+            from_s,
+            to_s,
+        })
+    }
 }
 
 /// A replica slowing down at a given time (drift experiments).
@@ -107,6 +161,11 @@ pub struct SimConfig {
     /// Tenants' admission limits by name (weight, band, rates, concurrency); others
     /// get the defaults (weight 1, no limits).
     pub tenant_limits: Vec<(String, headroom_core::admission::TenantLimits)>,
+    /// Round trips between the fleet's regions (`[regions]`); nodes are spread over
+    /// the regions in the fleet's order, node `n` in region `n mod regions`.
+    pub regions: headroom_core::region::RegionsConfig,
+    /// Regions going dark for a while.
+    pub dark: Vec<Dark>,
     /// Precise prefix state: each decision knows every engine's exact cached tokens
     /// for the prompt (what a `precise` KV-event feed gives the router, without the
     /// events' delivery delay); off = the router's approximate prefix index alone.
@@ -148,7 +207,43 @@ impl Default for SimConfig {
             admission: Default::default(),
             tenant_limits: Vec::new(),
             precise_prefix: false,
+            regions: Default::default(),
+            dark: Vec::new(),
         }
+    }
+}
+
+impl SimConfig {
+    /// The fleet's regions, in order of first mention.
+    pub fn region_names(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for g in &self.fleet {
+            let r = g.region.as_deref().unwrap_or(LOCAL_REGION);
+            if !out.iter().any(|o| o == r) {
+                out.push(r.to_string());
+            }
+        }
+        out
+    }
+
+    /// Each replica's region, in fleet order.
+    pub fn replica_regions(&self) -> Vec<String> {
+        self.fleet
+            .iter()
+            .flat_map(|g| {
+                let r = g.region.as_deref().unwrap_or(LOCAL_REGION).to_string();
+                std::iter::repeat_n(r, g.count as usize)
+            })
+            .collect()
+    }
+
+    /// Router node `n`'s region.
+    pub fn node_region(&self, n: u32) -> String {
+        let names = self.region_names();
+        names
+            .get(n as usize % names.len().max(1))
+            .cloned()
+            .unwrap_or_else(|| LOCAL_REGION.to_string())
     }
 }
 
@@ -164,5 +259,32 @@ mod tests {
         assert!(super::parse_fleet("h100-llama3-8b:x").is_err());
         assert!(super::parse_fleet("h100-llama3-8b:0").is_err());
         assert!(super::parse_fleet(super::DEFAULT_FLEET).is_ok());
+        let f = super::parse_fleet("h100-llama3-8b:2@eu-1,a100-llama3-8b:1@us-1").unwrap();
+        assert_eq!(f[0].region.as_deref(), Some("eu-1"));
+        assert_eq!(f[1].region.as_deref(), Some("us-1"));
+        assert!(super::parse_fleet("h100-llama3-8b:2@").is_err());
+        assert!(super::parse_fleet("h100-llama3-8b:2@a@b").is_err());
+    }
+
+    #[test]
+    fn regions_of_replicas_and_nodes() {
+        let cfg = super::SimConfig {
+            fleet: super::parse_fleet("h100-llama3-8b:2@eu-1,a100-llama3-8b:1@us-1").unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(cfg.region_names(), ["eu-1", "us-1"]);
+        assert_eq!(cfg.replica_regions(), ["eu-1", "eu-1", "us-1"]);
+        assert_eq!(
+            (0..3).map(|n| cfg.node_region(n)).collect::<Vec<_>>(),
+            ["eu-1", "us-1", "eu-1"]
+        );
+        let d = super::Dark::parse("us-1:100:200").unwrap();
+        assert_eq!(
+            (d.region.as_str(), d.from_s, d.to_s),
+            ("us-1", 100.0, 200.0)
+        );
+        for bad in ["us-1:200:100", "us-1:1", ":1:2", "us-1:a:2", "us-1:1:2:3"] {
+            assert!(super::Dark::parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -8,5 +8,6 @@ pub mod queue;
 pub mod result;
 pub mod run;
 
-pub use config::{SimConfig, parse_fleet};
+pub use config::{Dark, SimConfig, parse_fleet};
+pub use result::RunResult;
 pub use run::{ALL_POLICIES, SimError, Simulator, simulate};

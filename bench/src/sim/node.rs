@@ -15,6 +15,8 @@ use rand_chacha::ChaCha8Rng;
 pub struct SimNode {
     pub id: u32,
     pub name: String,
+    /// The node's region (`SimConfig::node_region`).
+    pub region: String,
     pub views: Vec<PlainReplica>,
     pub prefix: PrefixIndex,
     pub policy: Box<dyn Policy>,

@@ -65,6 +65,8 @@ enum Ev {
     Federate,
     LoadSample,
     Slowdown(u32),
+    /// `cfg.dark[i]` begins (true) or ends (false).
+    Dark(u32, bool),
 }
 
 struct SimReplica {
@@ -240,8 +242,10 @@ impl<'w> Simulator<'w> {
                 inflight: 0,
             });
         }
+        let replica_regions = cfg.replica_regions();
         let mut nodes = Vec::new();
         for n in 0..cfg.routers.max(1) {
+            let region = cfg.node_region(n);
             let name = format!("node-{n}");
             let mut learner = Learner::new(cfg.predictor.clone());
             learner.set_node_id(&name);
@@ -249,11 +253,18 @@ impl<'w> Simulator<'w> {
             let views = profiles
                 .iter()
                 .enumerate()
-                .map(|(i, p)| replica_view(i, p, &cfg.model))
+                .map(|(i, p)| {
+                    let mut v = replica_view(i, p, &cfg.model);
+                    v.remote_rtt_ms = cfg
+                        .regions
+                        .remote_rtt_ms(&region, replica_regions.get(i).map(String::as_str));
+                    v
+                })
                 .collect();
             nodes.push(SimNode {
                 id: n,
                 name,
+                region,
                 views,
                 prefix: PrefixIndex::new(1 << 21),
                 policy: build_policy(&cfg.policy, predictor.clone(), &cfg)?,
@@ -311,6 +322,10 @@ impl<'w> Simulator<'w> {
         for (i, s) in self.cfg.slowdowns.clone().iter().enumerate() {
             self.q.push(s.at_s, Ev::Slowdown(i as u32));
         }
+        for (i, d) in self.cfg.dark.clone().iter().enumerate() {
+            self.q.push(d.from_s, Ev::Dark(i as u32, true));
+            self.q.push(d.to_s, Ev::Dark(i as u32, false));
+        }
         while let Some((t, ev)) = self.q.pop() {
             if self.done() {
                 break;
@@ -327,6 +342,7 @@ impl<'w> Simulator<'w> {
                 Ev::Publish => self.publish(t),
                 Ev::Federate => self.federate(t),
                 Ev::LoadSample => self.sample_load(t),
+                Ev::Dark(i, dark) => self.set_dark(i as usize, dark),
                 Ev::Slowdown(i) => {
                     let s = &self.cfg.slowdowns[i as usize];
                     if let Some(r) = self.replicas.get_mut(s.replica as usize) {
@@ -624,7 +640,11 @@ impl<'w> Simulator<'w> {
             learn: Learn {
                 key,
                 obs,
-                prediction: node.predictor.load().predict(key, &obs),
+                prediction: headroom_core::region::with_rtt(
+                    node.predictor.load().predict(key, &obs),
+                    headroom_core::region::rtt_of(c),
+                ),
+                rtt_ms: headroom_core::region::rtt_of(c),
             },
         };
         drop(cands);
@@ -741,8 +761,9 @@ impl<'w> Simulator<'w> {
                 l.first_s = Some(t);
                 l.booking.first_token(t);
                 // As the proxy does: the TTFT label is learned at the first token, not
-                // when the stream ends (a long output would delay it by seconds).
-                let ttft_ms = (t - l.dispatched_s) * 1e3;
+                // when the stream ends (a long output would delay it by seconds). A
+                // remote replica's first token reaches the node one round trip later.
+                let ttft_ms = (t - l.dispatched_s) * 1e3 + l.learn.rtt_ms;
                 let node = &mut self.nodes[l.node as usize];
                 if let Some(s) =
                     lifecycle::first_token_sample(&l.learn, t, ttft_ms, Reported::default())
@@ -765,7 +786,10 @@ impl<'w> Simulator<'w> {
         self.replicas[l.replica as usize].inflight -= 1;
         let w = &self.wl.requests[i];
         let arrival = (w.arrival_s - self.wl.requests[0].arrival_s) / self.cfg.rate_scale.max(1e-9);
-        let ttft_dispatch = l.first_s.map(|f| (f - l.dispatched_s) * 1e3);
+        // The network's round trip (0 in region): once on the first token and the end;
+        // tokens stream at the engine's pace in between.
+        let rtt_s = l.learn.rtt_ms / 1e3;
+        let ttft_dispatch = l.first_s.map(|f| (f - l.dispatched_s + rtt_s) * 1e3);
         let tpot = match l.first_s {
             Some(f) if output_tokens >= 2 => Some((l.last_s - f) / (output_tokens - 1) as f64),
             _ => None,
@@ -779,7 +803,7 @@ impl<'w> Simulator<'w> {
             ttft_ms: ttft_dispatch,
             // Learned at the first token already (see `deliver`).
             ttft_learned: l.first_s.is_some(),
-            upstream_ms: (t - l.dispatched_s) * 1e3,
+            upstream_ms: (t - l.dispatched_s + rtt_s) * 1e3,
             tpot_ms: tpot.map(|x| x * 1e3),
             output_tokens,
             reported: Reported::default(),
@@ -803,9 +827,9 @@ impl<'w> Simulator<'w> {
             output_tokens,
             cached_tokens,
             est_cached_tokens: Some(l.learn.obs.cached_tokens as u32),
-            ttft_s: l.first_s.map(|f| f - arrival),
+            ttft_s: l.first_s.map(|f| f + rtt_s - arrival),
             tpot_s: tpot,
-            e2e_s: Some(t - arrival),
+            e2e_s: Some(t + rtt_s - arrival),
             slo_ttft_ms: w.slo_ttft_ms.unwrap_or(self.cfg.default_slo_ttft_ms),
             slo_tpot_ms: w.slo_tpot_ms.unwrap_or(self.cfg.default_slo_tpot_ms),
             predicted_ttft_ms: Some(p.ttft_ms),
@@ -872,10 +896,12 @@ impl<'w> Simulator<'w> {
         };
         self.heard = batch;
         let n_nodes = self.nodes.len();
+        // In-flight vectors travel in a region's own cluster only, as the mesh's do.
+        let regions: Vec<String> = self.nodes.iter().map(|n| n.region.clone()).collect();
         for j in 0..n_nodes {
             for r in 0..self.replicas.len() {
                 let mut sum = Load::default();
-                for k in (0..n_nodes).filter(|&k| k != j) {
+                for k in (0..n_nodes).filter(|&k| k != j && regions[k] == regions[j]) {
                     sum = sum.plus(&self.heard[k][r]);
                 }
                 self.nodes[j].views[r].peer_load = PeerLoad {
@@ -905,9 +931,19 @@ impl<'w> Simulator<'w> {
             .iter()
             .map(|n| n.learner.export_slot(&n.name, t))
             .collect();
+        let regions: Vec<String> = self.nodes.iter().map(|n| n.region.clone()).collect();
         for (j, n) in self.nodes.iter_mut().enumerate() {
             for (k, slot) in slots.iter().enumerate() {
-                if k != j && n.learner.merge_peer_slot(slot.clone()).is_ok() {
+                if k == j {
+                    continue;
+                }
+                // Across regions the class statistics travel, not replica corrections.
+                let slot = if regions[k] == regions[j] {
+                    slot.clone()
+                } else {
+                    headroom_core::region::cross_region_slot(slot.clone())
+                };
+                if n.learner.merge_peer_slot(slot).is_ok() {
                     n.dirty = true;
                 }
             }
@@ -915,6 +951,22 @@ impl<'w> Simulator<'w> {
         if !self.quiet() {
             self.q
                 .push(t + self.cfg.federation_interval_s, Ev::Federate);
+        }
+    }
+
+    /// Region `cfg.dark[i]`'s replicas go down (`dark`) or come back, in every node's
+    /// health view at once.
+    fn set_dark(&mut self, i: usize, dark: bool) {
+        let Some(d) = self.cfg.dark.get(i) else {
+            return;
+        };
+        let regions = self.cfg.replica_regions();
+        for n in &mut self.nodes {
+            for (v, r) in n.views.iter_mut().zip(&regions) {
+                if *r == d.region {
+                    v.routable = !dark;
+                }
+            }
         }
     }
 

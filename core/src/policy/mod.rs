@@ -185,6 +185,12 @@ pub struct DecideCtx<'r> {
 /// A routing policy.
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
+    /// Whether the policy weighs remote candidates itself (their round trip and the
+    /// local-first rule, [`crate::region`]); others are handed only local candidates
+    /// while there is one.
+    fn regional(&self) -> bool {
+        false
+    }
     /// Ranks `cands` (never empty) for `req`.
     fn decide(
         &self,

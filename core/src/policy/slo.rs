@@ -23,6 +23,11 @@
 //! the fleet (503) whose `Retry-After` is the queue the best candidate must drain:
 //! `max(TTFT bound − TTFT objective, 0)` in seconds, at least 1 s (a TPOT miss clears
 //! as running streams finish, whose remaining lengths the router does not know).
+//!
+//! Regions ([`crate::region`]): a remote candidate's TTFT is judged against the
+//! objective less the round trip to its region; the choice is local while a local
+//! candidate meets both objectives, else remote if a remote one does, else least-bad
+//! among the local ones (all, when the node has no local candidate left).
 
 use std::sync::{
     Arc,
@@ -37,6 +42,7 @@ use super::{
     Candidate, Choice, DecideCtx, Decision, Fallback, Load, NoFit, Policy, RequestProfile,
     baselines::TokenLoad, features, rank,
 };
+use crate::region;
 
 /// Knobs of the `slo` policy (`[slo]` in the config).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -223,17 +229,18 @@ impl SloPolicy {
         }
     }
 
-    /// Chooses among the candidates of `tier` (0 = feasible), randomised among
-    /// near-equals.
+    /// Chooses among the `allowed` candidates of `tier` (0 = feasible), randomised
+    /// among near-equals.
     fn pick(
         &self,
         cands: &[Candidate<'_>],
         evals: &[Eval],
         tier: u8,
+        allowed: &dyn Fn(usize) -> bool,
         ctx: &mut DecideCtx<'_>,
     ) -> Option<usize> {
         let feasible: Vec<usize> = (0..evals.len())
-            .filter(|&i| evals[i].tier == tier)
+            .filter(|&i| evals[i].tier == tier && allowed(i))
             .collect();
         if feasible.is_empty() {
             return None;
@@ -288,12 +295,18 @@ impl SloPolicy {
 impl SloPolicy {
     /// An idle, long-unused candidate predicted to meet both objectives (see
     /// `probe_idle_s`); the longest unused first.
-    fn probe(&self, cands: &[Candidate<'_>], evals: &[Eval], now_s: f64) -> Option<usize> {
+    fn probe(
+        &self,
+        cands: &[Candidate<'_>],
+        evals: &[Eval],
+        allowed: &dyn Fn(usize) -> bool,
+        now_s: f64,
+    ) -> Option<usize> {
         if self.cfg.probe_idle_s <= 0.0 {
             return None;
         }
         (0..cands.len())
-            .filter(|&i| evals[i].tier == 0 && cands[i].load().requests == 0.0)
+            .filter(|&i| evals[i].tier == 0 && allowed(i) && cands[i].load().requests == 0.0)
             .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
             .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -304,6 +317,10 @@ impl SloPolicy {
 impl Policy for SloPolicy {
     fn name(&self) -> &'static str {
         "slo"
+    }
+
+    fn regional(&self) -> bool {
+        true
     }
 
     fn decide(
@@ -325,14 +342,42 @@ impl Policy for SloPolicy {
             .map(|(c, o)| snap.predict(features::key(c), o))
             .collect();
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
-        // its own bound (its labels are scarcer and noisier), so warmth is TTFT's.
-        let warm = preds
-            .iter()
-            .filter(|p| p.ttft_state == ModelState::Warm)
+        // its own bound (its labels are scarcer and noisier), so warmth is TTFT's. It is
+        // the home region's: remote classes this node rarely places on stay cold under
+        // its own gate, and counting them would pin it to load-routing at home forever.
+        let local: Vec<bool> = cands.iter().map(region::is_local).collect();
+        let any_local = local.contains(&true);
+        let home = |i: usize| local[i] || !any_local;
+        let pool = (0..cands.len()).filter(|&i| home(i)).count();
+        let warm = (0..cands.len())
+            .filter(|&i| home(i) && preds[i].ttft_state == ModelState::Warm)
             .count();
-        if (warm as f64) < self.cfg.min_warm_fraction * cands.len() as f64 {
-            let mut d = TokenLoad.decide(req, cands, ctx);
-            d.predictions = preds;
+        // Round trips to remote candidates (0 in region) and what the client would see.
+        let rtts: Vec<f64> = cands.iter().map(region::rtt_of).collect();
+        let seen: Vec<Prediction> = preds
+            .iter()
+            .zip(&rtts)
+            .map(|(p, r)| region::with_rtt(*p, *r))
+            .collect();
+        if (warm as f64) < self.cfg.min_warm_fraction * pool as f64 {
+            // Home is cold: by load among the home candidates and any remote one whose
+            // warm forecast meets both objectives with its round trip (else a cold
+            // home region would never learn that it should hand work away).
+            let remote_fit = |i: usize| {
+                !home(i)
+                    && preds[i].ttft_state == ModelState::Warm
+                    && evaluate(
+                        &preds[i],
+                        (req.slo.ttft_ms - rtts[i]).max(1e-6),
+                        req.slo.tpot_ms,
+                        loads[i].min_tpot_slo_ms,
+                    )
+                    .tier
+                        == 0
+            };
+            let mut d =
+                region::decide_within(&TokenLoad, req, cands, ctx, &|i| home(i) || remote_fit(i));
+            d.predictions = seen;
             d.fallback = Some("cold-model");
             return d;
         }
@@ -342,8 +387,11 @@ impl Policy for SloPolicy {
             .zip(&preds)
             .zip(&obs)
             .zip(&loads)
-            .map(|(((c, p), o), load)| {
-                let mut e = evaluate(p, req.slo.ttft_ms, req.slo.tpot_ms, load.min_tpot_slo_ms);
+            .zip(&rtts)
+            .map(|((((c, p), o), load), rtt)| {
+                // The engine must answer within the objective less the round trip.
+                let ttft_slo = (req.slo.ttft_ms - rtt).max(1e-6);
+                let mut e = evaluate(p, ttft_slo, req.slo.tpot_ms, load.min_tpot_slo_ms);
                 // This prefill stretches the steps of every request decoding there: the
                 // expected objectives it would break count against the placement.
                 let uncached_tokens = req.prompt_tokens.saturating_sub(c.cached_tokens);
@@ -386,8 +434,15 @@ impl Policy for SloPolicy {
             })
             .collect();
         let mut ranked = order(&evals, ctx.rng);
-        let probe = self.probe(cands, &evals, ctx.now_s);
-        match probe.or_else(|| self.pick(cands, &evals, 0, ctx)) {
+        // Local first: out of region only when no local candidate meets both objectives
+        // and a remote one, its round trip included, does; least-bad stays local.
+        let away = |i: usize| !local[i];
+        let probe = self.probe(cands, &evals, &home, ctx.now_s);
+        let fit = probe
+            .or_else(|| self.pick(cands, &evals, 0, &home, ctx))
+            .or_else(|| self.pick(cands, &evals, 0, &away, ctx));
+        let preds = seen;
+        match fit {
             Some(choice) => {
                 ranked.retain(|&i| i != choice);
                 ranked.insert(0, choice);
@@ -410,8 +465,12 @@ impl Policy for SloPolicy {
                     preds[b].tpot_upper_ms,
                 );
                 // Least bad: the same choice rule within the best tier present.
-                let best_tier = evals.iter().map(|e| e.tier).min().unwrap_or(2);
-                if let Some(c) = self.pick(cands, &evals, best_tier, ctx) {
+                let best_tier = (0..evals.len())
+                    .filter(|&i| home(i))
+                    .map(|i| evals[i].tier)
+                    .min()
+                    .unwrap_or(2);
+                if let Some(c) = self.pick(cands, &evals, best_tier, &home, ctx) {
                     ranked.retain(|&i| i != c);
                     ranked.insert(0, c);
                 }

@@ -255,9 +255,7 @@ mod tests {
                 replicas: 8,
                 healthy_replicas: 8,
                 free_kv_fraction: 0.4,
-                free_capacity_rps: 12.0,
-                best_ttft_ms: 150.0,
-                best_tpot_ms: 22.0,
+                in_flight: 3.0,
                 at_ms: 12,
             }),
             WireValue::KvDelta(KvDelta {

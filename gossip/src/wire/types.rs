@@ -168,14 +168,11 @@ pub struct RegionSummary {
     pub routers: u32,
     pub replicas: u32,
     pub healthy_replicas: u32,
-    /// Mean free KV fraction over healthy replicas, [0, 1].
+    /// Mean free KV fraction over healthy replicas with a fresh scrape, [0, 1].
     pub free_kv_fraction: f32,
-    /// Estimated extra requests/s the region could take within SLO.
-    pub free_capacity_rps: f32,
-    /// Best predicted TTFT for a reference request, ms.
-    pub best_ttft_ms: f32,
-    /// Best predicted TPOT for a reference request, ms.
-    pub best_tpot_ms: f32,
+    /// Requests in flight on the region's replicas (the publisher's and its region
+    /// peers' bookings).
+    pub in_flight: f32,
     pub at_ms: u64,
 }
 

@@ -120,9 +120,7 @@ pub fn summary(region: &str, replicas: u32) -> WireValue {
         replicas,
         healthy_replicas: replicas,
         free_kv_fraction: 0.5,
-        free_capacity_rps: 10.0,
-        best_ttft_ms: 120.0,
-        best_tpot_ms: 20.0,
+        in_flight: 3.0,
         at_ms: 1,
     })
 }

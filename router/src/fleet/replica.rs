@@ -19,7 +19,13 @@ pub struct Replica {
     pub key: u64,
     pub class: String,
     pub class_key: u64,
+    /// Its region (a replica configured without one is in its node's region).
     pub region: String,
+    /// In another region than the node's: the round trip there (ms); `None` in region.
+    pub remote_rtt_ms: Option<f64>,
+    /// Set while a fresh summary from its (remote) region says no replica there is
+    /// healthy (`mesh/regions.rs`): not routable whatever this node's probes say.
+    pub region_dark: std::sync::atomic::AtomicBool,
     pub max_batched_tokens: Option<u32>,
     pub ledger: Arc<Ledger>,
     /// Insertion cursor of this replica in the prefix index.
@@ -34,8 +40,14 @@ pub struct Replica {
 }
 
 impl Replica {
-    /// Builds a replica from its config; `id` comes from the fleet.
-    pub fn new(id: u32, rc: &ReplicaConfig) -> Result<Self, String> {
+    /// Builds a replica from its config for a node in `node_region`, whose round trips
+    /// to other regions `regions` gives; `id` comes from the fleet.
+    pub fn new(
+        id: u32,
+        rc: &ReplicaConfig,
+        node_region: &str,
+        regions: &headroom_core::region::RegionsConfig,
+    ) -> Result<Self, String> {
         // Credentials never leave the config: not in names, URLs, keys or logs.
         let base = super::strip_userinfo(&super::parse_base_url(&rc.url)?);
         let url = super::redact_url(rc.url.trim_end_matches('/'));
@@ -57,7 +69,9 @@ impl Replica {
             url,
             name,
             class,
-            region: rc.region.clone().unwrap_or_else(|| "local".into()),
+            region: rc.region.clone().unwrap_or_else(|| node_region.to_string()),
+            remote_rtt_ms: regions.remote_rtt_ms(node_region, rc.region.as_deref()),
+            region_dark: Default::default(),
             max_batched_tokens: rc.max_batched_tokens,
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),

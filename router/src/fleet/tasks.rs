@@ -204,7 +204,7 @@ pub async fn dns_loop(fleet: Arc<Fleet>, d: DnsDiscovery, token: CancellationTok
                         url: url.clone(),
                         name: None,
                         class: d.class.clone(),
-                        region: None,
+                        region: d.region.clone(),
                         max_batched_tokens: None,
                         ..Default::default()
                     };

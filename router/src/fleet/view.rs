@@ -76,7 +76,12 @@ impl Fleet {
         origin: Origin,
     ) -> Result<Arc<Replica>, String> {
         let id = self.next_id.fetch_add(1, Relaxed);
-        let replica = Arc::new(Replica::new(id, rc)?);
+        let replica = Arc::new(Replica::new(
+            id,
+            rc,
+            &self.cfg.mesh.region,
+            &self.cfg.regions,
+        )?);
         if self.replicas().iter().any(|r| r.url == replica.url) {
             return Err(format!("replica {} is already in the fleet", replica.url));
         }

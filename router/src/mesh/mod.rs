@@ -11,6 +11,9 @@
 //! - the precise (KV-event) index of each replica this node follows: deltas and
 //!   snapshots (`kv/<replica>/…`, `kv.rs`), mirrored by every other node;
 //! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer;
+//! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer
+//!   (from another region without per-replica corrections);
+//! - region summaries (`summary/<region>`, cross-region; `regions.rs`);
 //! - membership and liveness from chitchat's failure detector.
 //!
 //! Nothing here is on the request path except `note_prefix`, a non-blocking send.
@@ -19,6 +22,7 @@ pub mod duplicate;
 mod kv;
 mod owners;
 mod peers;
+pub mod regions;
 
 use std::{
     collections::HashMap,
@@ -138,6 +142,7 @@ pub struct MeshRuntime {
     cancel: CancellationToken,
     tracker: TaskTracker,
     duplicates: duplicate::DuplicateWatch,
+    regions: regions::Regions,
 }
 
 fn to_stat(b: &StatsBlock) -> StatBlock {
@@ -281,6 +286,7 @@ impl MeshRuntime {
             cancel,
             tracker: TaskTracker::new(),
             duplicates,
+            regions: regions::Regions::default(),
         });
         let info = WireValue::NodeInfo(NodeInfo {
             region: rt.settings.region.clone(),
@@ -300,6 +306,7 @@ impl MeshRuntime {
         rt.tracker.spawn(rt.clone().prefix_loop());
         rt.tracker.spawn(rt.clone().kv_loop());
         rt.tracker.spawn(rt.clone().predictor_loop());
+        rt.tracker.spawn(rt.clone().summary_loop());
         tracing::info!(node = %node_id, addr = %rt.addr, region = %rt.settings.region, "joined the mesh");
         Ok(rt)
     }
@@ -440,6 +447,7 @@ impl MeshRuntime {
             let Some(mesh) = self.mesh() else { return };
             let all = mesh.members().await;
             let own_generation = all.iter().find(|m| m.is_self).map_or(0, |m| m.generation);
+            self.regions.note_members(&all);
             self.duplicates
                 .check(&all, self.node_id(), self.addr, own_generation);
             let members: Vec<String> = all
@@ -599,11 +607,23 @@ impl MeshRuntime {
                 ..
             } => {
                 let rows: Vec<StatsBlock> = slot.blocks.iter().map(from_stat).collect();
+                // A peer not known to be in this region shares its classes only.
+                let home = self.regions.in_region(&node, &self.settings.region);
                 match FederationSlot::from_blocks(&node, &rows) {
-                    Ok(s) => self.node.trainer.merge_peer(s),
+                    Ok(s) if home => self.node.trainer.merge_peer(s),
+                    Ok(s) => self
+                        .node
+                        .trainer
+                        .merge_peer(headroom_core::region::cross_region_slot(s)),
                     Err(e) => tracing::debug!(peer = %node, "predictor slot refused: {e}"),
                 }
             }
+            MeshEvent::Value {
+                node,
+                value: WireValue::Summary(s),
+                age,
+                ..
+            } => self.ingest_summary(&node, &s, age),
             MeshEvent::ValueRemoved { node, key, .. } if key == keys::inflight() => {
                 let mut p = self.peers.lock();
                 if p.remove(&node) {
@@ -673,6 +693,7 @@ impl MeshRuntime {
             "kv_bytes_published": self.kv_bytes.load(Relaxed),
             "gossip_bytes_sent": st.bytes_sent,
             "gossip_bytes_received": st.bytes_received,
+            "regions": self.regions.json(now, self.node.cfg.regions.summary_ttl_ms as f64 / 1e3),
             "stats": format!("{st:?}"),
         })
     }

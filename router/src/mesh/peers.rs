@@ -151,6 +151,8 @@ mod tests {
                     max_batched_tokens: None,
                     ..Default::default()
                 },
+                "local",
+                &Default::default(),
             )
             .unwrap(),
         )
