@@ -206,9 +206,9 @@ mod tests {
             for k in 0..parts.len() {
                 let mut text = String::new();
                 let mut i = k;
-                while text.len() < 40_000 {
+                while text.len() < 16_000 {
                     text.push_str(parts[i % parts.len()]);
-                    i = i * 7 + 3;
+                    i = (i * 7 + 3) % 1_009;
                 }
                 assert!(segments(&text).count() > 10);
                 assert_eq!(tok.encode(&text), tok.encode_whole(&text), "corpus {k}");
@@ -251,13 +251,13 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        #![proptest_config(ProptestConfig::with_cases(32))]
         #[test]
         fn segments_agree_with_the_whole_text(
             words in proptest::collection::vec(
                 proptest::string::string_regex("[a-zA-Z]{1,8}|[ ]{1,3}|[0-9]{1,5}|[.,;!?'\"()-]{1,3}|\n|\t|é|日本|🙂")
                     .expect("regex"),
-                200..2_000,
+                100..1_200,
             )
         ) {
             let text: String = words.concat();
