@@ -67,7 +67,10 @@ fn bytes_per_entry_are_bounded_at_millions_of_blocks() {
             bytes as f64 / (1 << 20) as f64
         );
         assert!(n <= cap, "{n} entries over the cap {cap}");
-        assert!(n >= cap / 2 || n as u64 >= blocks / 2, "kept too little: {n}");
+        assert!(
+            n >= cap / 2 || n as u64 >= blocks / 2,
+            "kept too little: {n}"
+        );
         assert!(
             per <= BYTES_PER_ENTRY as f64,
             "{per:.1} bytes per entry > {BYTES_PER_ENTRY}"

@@ -9,9 +9,9 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
+use crate::bpe_cache::CachedBpe;
 use headroom_core::blocks::chain;
 pub use headroom_core::blocks::{PromptShape, shape_of_ids};
-use crate::bpe_cache::CachedBpe;
 
 /// Bytes per token the estimator starts from (English text under BPE vocabularies);
 /// nodes refine it per model from the prompt token counts replicas report.
@@ -128,9 +128,9 @@ impl Tokenizer {
                 f().map(|b| Arc::new(CachedBpe::new(b)))
                     .map_err(|e| e.to_string())
             })
-                .clone()
-                .map(Tokenizer::Bpe)
-                .map_err(|e| TokenizerError::Load(name.to_string(), e))
+            .clone()
+            .map(Tokenizer::Bpe)
+            .map_err(|e| TokenizerError::Load(name.to_string(), e))
         };
         match name {
             "cl100k" | "cl100k_base" => load(&CL100K, tiktoken_rs::cl100k_base),

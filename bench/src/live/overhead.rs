@@ -135,7 +135,9 @@ impl std::str::FromStr for PromptVariation {
             "same" => Ok(Self::Same),
             "suffix" => Ok(Self::Suffix),
             "prefix" => Ok(Self::Prefix),
-            o => Err(format!("unknown prompt variation `{o}` (same, suffix, prefix)")),
+            o => Err(format!(
+                "unknown prompt variation `{o}` (same, suffix, prefix)"
+            )),
         }
     }
 }
@@ -749,9 +751,16 @@ mod tests {
             let (a, c) = (bs.make(0, 1), bs.make(3, 1));
             let pa: serde_json::Value = serde_json::from_slice(&a).expect("json");
             let pc: serde_json::Value = serde_json::from_slice(&c).expect("json");
-            let (ta, tc) = (pa["prompt"].as_str().expect("s"), pc["prompt"].as_str().expect("s"));
+            let (ta, tc) = (
+                pa["prompt"].as_str().expect("s"),
+                pc["prompt"].as_str().expect("s"),
+            );
             assert_ne!(ta, tc);
-            let common = ta.bytes().zip(tc.bytes()).take_while(|(x, y)| x == y).count();
+            let common = ta
+                .bytes()
+                .zip(tc.bytes())
+                .take_while(|(x, y)| x == y)
+                .count();
             match vary {
                 PromptVariation::Suffix => assert!(common > 1800, "{common}"),
                 _ => assert!(common < 20, "{common}"),
