@@ -8,6 +8,7 @@
 //! `fleet::tasks`. `up` runs a whole local deployment.
 
 pub mod admission;
+pub mod bpe_cache;
 pub mod chat;
 pub mod clock;
 pub mod config;

@@ -9,9 +9,9 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
+use crate::bpe_cache::CachedBpe;
 use headroom_core::blocks::chain;
 pub use headroom_core::blocks::{PromptShape, shape_of_ids};
-use tiktoken_rs::CoreBPE;
 
 /// Bytes per token the estimator starts from (English text under BPE vocabularies);
 /// nodes refine it per model from the prompt token counts replicas report.
@@ -24,8 +24,9 @@ const EST_BLOCK_BYTES_PER_TOKEN: usize = 4;
 /// How a model's prompts are measured.
 #[derive(Clone)]
 pub enum Tokenizer {
-    /// A real BPE tokenizer.
-    Bpe(Arc<CoreBPE>),
+    /// A tiktoken BPE vocabulary, with its cache of segments already tokenized
+    /// (exact: see [`crate::bpe_cache`]).
+    Bpe(Arc<CachedBpe>),
     /// The served model's own Hugging Face tokenizer (and chat template): counts and
     /// block boundaries equal the engine's.
     Hf(Arc<HfTokenizer>),
@@ -115,18 +116,21 @@ impl HfTokenizer {
     }
 }
 
-static CL100K: OnceLock<Result<Arc<CoreBPE>, String>> = OnceLock::new();
-static O200K: OnceLock<Result<Arc<CoreBPE>, String>> = OnceLock::new();
+static CL100K: OnceLock<Result<Arc<CachedBpe>, String>> = OnceLock::new();
+static O200K: OnceLock<Result<Arc<CachedBpe>, String>> = OnceLock::new();
 
 impl Tokenizer {
     /// Builds a tokenizer by name; BPE tables are loaded once per process.
     pub fn by_name(name: &str) -> Result<Self, TokenizerError> {
-        let load = |cell: &'static OnceLock<Result<Arc<CoreBPE>, String>>,
-                    f: fn() -> anyhow::Result<CoreBPE>| {
-            cell.get_or_init(|| f().map(Arc::new).map_err(|e| e.to_string()))
-                .clone()
-                .map(Tokenizer::Bpe)
-                .map_err(|e| TokenizerError::Load(name.to_string(), e))
+        let load = |cell: &'static OnceLock<Result<Arc<CachedBpe>, String>>,
+                    f: fn() -> anyhow::Result<tiktoken_rs::CoreBPE>| {
+            cell.get_or_init(|| {
+                f().map(|b| Arc::new(CachedBpe::new(b)))
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map(Tokenizer::Bpe)
+            .map_err(|e| TokenizerError::Load(name.to_string(), e))
         };
         match name {
             "cl100k" | "cl100k_base" => load(&CL100K, tiktoken_rs::cl100k_base),
@@ -182,7 +186,7 @@ pub fn shape_of_chat(
 /// Token ids of a text prompt with a real tokenizer (None with the estimator).
 pub fn ids_of_text(tok: &Tokenizer, text: &str) -> Option<Vec<u32>> {
     match tok {
-        Tokenizer::Bpe(bpe) => Some(bpe.encode_ordinary(text)),
+        Tokenizer::Bpe(bpe) => Some(bpe.encode(text)),
         // vLLM's completions path adds special tokens (BOS) to a text prompt.
         Tokenizer::Hf(h) => h.encode(text, true),
         Tokenizer::Estimate => None,
@@ -209,12 +213,7 @@ pub fn shape_of_text(
     let tokens = (bytes.len() as f64 / ratio).ceil();
     PromptShape {
         tokens: tokens.min(u32::MAX as f64) as u32,
-        blocks: chain(
-            bytes,
-            block_tokens * EST_BLOCK_BYTES_PER_TOKEN,
-            max_blocks,
-            <[u8]>::to_vec,
-        ),
+        blocks: chain(bytes, block_tokens * EST_BLOCK_BYTES_PER_TOKEN, max_blocks),
         ids: None,
     }
 }

@@ -341,6 +341,14 @@ pub struct OverheadArgs {
     /// Extra argument for `headroom serve` (repeatable).
     #[arg(long = "serve-arg", allow_hyphen_values = true)]
     pub serve_args: Vec<String>,
+    /// `headroom`'s tokenizer for the model: cl100k, o200k, estimate (the byte
+    /// estimator) or hf:/path/tokenizer.json.
+    #[arg(long, default_value = "cl100k")]
+    pub tokenizer: String,
+    /// How prompts differ between requests: same (one prompt), suffix (a shared prompt
+    /// with a unique end), prefix (a unique start: nothing to reuse).
+    #[arg(long, default_value = "same")]
+    pub vary_prompt: super::overhead::PromptVariation,
     /// Also write the table (markdown) and raw measurements (JSON) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -369,6 +377,8 @@ pub fn proxy_overhead(a: OverheadArgs) -> anyhow::Result<()> {
         tokens: a.tokens,
         request_bytes: a.request_bytes,
         serve_args: a.serve_args.clone(),
+        tokenizer: a.tokenizer.clone(),
+        vary: a.vary_prompt,
         ..OverheadOptions::default()
     };
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -109,7 +109,37 @@ pub struct OverheadOptions {
     pub request_bytes: usize,
     /// Extra arguments for `headroom serve`.
     pub serve_args: Vec<String>,
+    /// `headroom`'s tokenizer for the model (`cl100k`, `o200k`, `estimate`, `hf:...`).
+    pub tokenizer: String,
+    /// Whether and where each request's prompt differs from the others'.
+    pub vary: PromptVariation,
     pub startup_timeout: Duration,
+}
+
+/// How prompts differ between requests. The router reuses the ids of prompt segments
+/// it has tokenized before, so a bench sending one prompt over and over measures only
+/// its cache; `suffix` is a shared system prompt with a new question each time,
+/// `prefix` a prompt unlike every earlier one (nothing to reuse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptVariation {
+    Same,
+    Suffix,
+    Prefix,
+}
+
+impl std::str::FromStr for PromptVariation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "same" => Ok(Self::Same),
+            "suffix" => Ok(Self::Suffix),
+            "prefix" => Ok(Self::Prefix),
+            o => Err(format!(
+                "unknown prompt variation `{o}` (same, suffix, prefix)"
+            )),
+        }
+    }
 }
 
 impl Default for OverheadOptions {
@@ -131,6 +161,8 @@ impl Default for OverheadOptions {
             tokens: 20,
             request_bytes: 2048,
             serve_args: Vec::new(),
+            tokenizer: "cl100k".into(),
+            vary: PromptVariation::Same,
             startup_timeout: Duration::from_secs(30),
         }
     }
@@ -175,18 +207,56 @@ fn loadavg() -> String {
 
 /// A JSON completion body of about `bytes` bytes (a text prompt of filler words).
 pub fn request_body(model: &str, tokens: u32, bytes: usize) -> Bytes {
-    let words = ["alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta "];
-    let mut prompt = String::new();
-    let mut i = 0;
-    while prompt.len() + 130 < bytes {
-        prompt.push_str(words[i % words.len()]);
-        i += 1;
+    Bodies::new(model, tokens, bytes, PromptVariation::Same).make(0, 0)
+}
+
+/// Request bodies: one fixed body, or one whose prompt carries a unique word per
+/// request at its start or end (ASCII, so spliced into the JSON without escaping).
+#[derive(Clone)]
+struct Bodies {
+    fixed: Bytes,
+    /// The JSON before and after the prompt's text, and the text.
+    head: String,
+    prompt: String,
+    tail: String,
+    vary: PromptVariation,
+}
+
+impl Bodies {
+    fn new(model: &str, tokens: u32, bytes: usize, vary: PromptVariation) -> Self {
+        let words = ["alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta "];
+        let mut prompt = String::new();
+        let mut i = 0;
+        while prompt.len() + 130 < bytes {
+            prompt.push_str(words[i % words.len()]);
+            i += 1;
+        }
+        let prompt = prompt.trim_end().to_string();
+        const MARK: &str = "@@PROMPT@@";
+        let v = serde_json::json!({
+            "model": model, "prompt": MARK, "max_tokens": tokens,
+            "stream": true, "stream_options": {"include_usage": true},
+        })
+        .to_string();
+        let (head, tail) = v.split_once(MARK).unwrap_or((&v, ""));
+        Self {
+            fixed: Bytes::from(format!("{head}{prompt}{tail}")),
+            head: head.to_string(),
+            prompt,
+            tail: tail.to_string(),
+            vary,
+        }
     }
-    let v = serde_json::json!({
-        "model": model, "prompt": prompt.trim_end(), "max_tokens": tokens,
-        "stream": true, "stream_options": {"include_usage": true},
-    });
-    Bytes::from(v.to_string())
+
+    /// The body of worker `w`'s `n`th request.
+    fn make(&self, w: usize, n: u64) -> Bytes {
+        let (h, p, t) = (&self.head, &self.prompt, &self.tail);
+        match self.vary {
+            PromptVariation::Same => self.fixed.clone(),
+            PromptVariation::Suffix => Bytes::from(format!("{h}{p} question w{w}n{n}{t}")),
+            PromptVariation::Prefix => Bytes::from(format!("{h}request w{w}n{n} {p}{t}")),
+        }
+    }
 }
 
 /// One proxy (or none) under test.
@@ -209,13 +279,15 @@ struct LoopStats {
 /// One worker: a keep-alive connection, requests back to back until `stop`.
 async fn worker(
     addr: SocketAddr,
-    body: Bytes,
+    w: usize,
+    bodies: Bodies,
     expect: Bytes,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
 ) -> LoopStats {
     let mut st = LoopStats::default();
     let host = addr.to_string();
+    let mut n = 0u64;
     'conn: while !stop.load(Ordering::Relaxed) {
         let Ok(tcp) = TcpStream::connect(addr).await else {
             st.errors += 1;
@@ -239,7 +311,8 @@ async fn worker(
             let req = Request::post("/v1/completions")
                 .header(header::HOST, host.as_str())
                 .header(header::CONTENT_TYPE, "application/json")
-                .body(Full::new(body.clone()));
+                .body(Full::new(bodies.make(w, n)));
+            n += 1;
             let Ok(req) = req else {
                 st.errors += 1;
                 break 'conn;
@@ -279,7 +352,7 @@ async fn worker(
 async fn closed_loop(
     r: &Running,
     conns: usize,
-    body: &Bytes,
+    bodies: &Bodies,
     expect: &Bytes,
     warmup: Duration,
     window: Duration,
@@ -290,7 +363,8 @@ async fn closed_loop(
     for i in 0..conns {
         set.spawn(worker(
             r.addrs[i % r.addrs.len()],
-            body.clone(),
+            i,
+            bodies.clone(),
             expect.clone(),
             measure_from,
             stop.clone(),
@@ -357,7 +431,8 @@ async fn run_all(
     let loadavg_before = loadavg();
     let prompt_tokens = (opts.request_bytes / 6) as u32;
     let fixed = FixedBodies::new(&opts.model, opts.tokens, prompt_tokens);
-    let body = request_body(&opts.model, opts.tokens, opts.request_bytes);
+    let bodies = Bodies::new(&opts.model, opts.tokens, opts.request_bytes, opts.vary);
+    let body = bodies.fixed.clone();
     let any: SocketAddr = ([127, 0, 0, 1], 0).into();
     let server = FixedServer::start(&[any, any], fixed.clone())
         .map_err(|e| LiveError::io("starting the fixed upstream", e))?;
@@ -403,7 +478,7 @@ async fn run_all(
                         "--policy".into(),
                         policy.clone(),
                         "--tokenizer".into(),
-                        format!("{}=cl100k", opts.model),
+                        format!("{}={}", opts.model, opts.tokenizer),
                     ];
                     for (i, u) in ups.iter().enumerate() {
                         a.extend([
@@ -437,7 +512,7 @@ async fn run_all(
             for k in 0..running.len() {
                 let r = &running[(k + rep) % running.len()];
                 let (st, cpu, window) =
-                    closed_loop(r, c, &body, &fixed.stream, opts.warmup, opts.duration).await;
+                    closed_loop(r, c, &bodies, &fixed.stream, opts.warmup, opts.duration).await;
                 let lat = sorted(st.lat_us);
                 let ms = |p| nearest_rank(&lat, p).map_or(f64::NAN, |v| v / 1e3);
                 let m = Measurement {
@@ -483,8 +558,10 @@ async fn run_all(
     settings.insert(
         "request".into(),
         format!(
-            "POST /v1/completions, {} bytes JSON, stream + include_usage",
-            body.len()
+            "POST /v1/completions, {} bytes JSON, stream + include_usage, prompts: {:?}; headroom tokenizer {}",
+            body.len(),
+            opts.vary,
+            opts.tokenizer
         ),
     );
     settings.insert(
@@ -668,5 +745,26 @@ mod tests {
         assert!(OverheadTarget::parse("headroom::no-records").is_err());
         let b = request_body("m", 20, 2048);
         assert!((1900..2100).contains(&b.len()), "{}", b.len());
+        // Varied bodies stay valid JSON and differ where they say.
+        for vary in [PromptVariation::Suffix, PromptVariation::Prefix] {
+            let bs = Bodies::new("m", 20, 2048, vary);
+            let (a, c) = (bs.make(0, 1), bs.make(3, 1));
+            let pa: serde_json::Value = serde_json::from_slice(&a).expect("json");
+            let pc: serde_json::Value = serde_json::from_slice(&c).expect("json");
+            let (ta, tc) = (
+                pa["prompt"].as_str().expect("s"),
+                pc["prompt"].as_str().expect("s"),
+            );
+            assert_ne!(ta, tc);
+            let common = ta
+                .bytes()
+                .zip(tc.bytes())
+                .take_while(|(x, y)| x == y)
+                .count();
+            match vary {
+                PromptVariation::Suffix => assert!(common > 1800, "{common}"),
+                _ => assert!(common < 20, "{common}"),
+            }
+        }
     }
 }
