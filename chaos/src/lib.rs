@@ -22,6 +22,7 @@ pub mod http;
 pub mod load;
 pub mod observe;
 pub mod os;
+pub mod relay;
 pub mod report;
 pub mod router_config;
 pub mod scenario;
