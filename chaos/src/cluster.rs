@@ -39,6 +39,9 @@ pub struct ClusterSpec {
     /// Route the mesh's UDP through the harness's fault-injecting relay
     /// ([`crate::relay`]): each node advertises the relay's front for it.
     pub relay: bool,
+    /// `HEADROOM_CLOCK_OFFSET_MS` of each router node (by index; missing = 0): a node
+    /// whose wall clock runs ahead or behind.
+    pub clock_offsets_ms: Vec<i64>,
     pub policy: String,
     pub timings: RouterTimings,
     /// Emulators' `--time-scale`.
@@ -361,12 +364,22 @@ impl Cluster {
             }
             let label = format!("router {id}");
             let log = self.dir.join(format!("{id}.log"));
+            let offset = self
+                .spec
+                .clock_offsets_ms
+                .get(index)
+                .copied()
+                .unwrap_or(0)
+                .to_string();
             let mut child = ChildProc::spawn(
                 &label,
                 &self.bins.headroom,
                 &args,
                 Some(&log),
-                &[("HEADROOM_LOG", "warn")],
+                &[
+                    ("HEADROOM_LOG", "warn"),
+                    (headroom_gossip::clock::OFFSET_ENV, &offset),
+                ],
             )?;
             self.started.push(StartedPid::new(&label, child.pid()));
             child.drain_stdout();

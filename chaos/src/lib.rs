@@ -25,6 +25,7 @@ pub mod os;
 pub mod relay;
 pub mod report;
 pub mod router_config;
+pub mod scale;
 pub mod scenario;
 pub mod scenarios;
 pub mod stream_check;

@@ -34,7 +34,7 @@ pub struct NetFaults {
 
 /// One copy to deliver.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Copy {
+pub struct Delivery {
     pub delay_ms: f64,
     pub corrupt: bool,
     pub reordered: bool,
@@ -45,7 +45,7 @@ pub struct Copy {
 pub enum Fate {
     Partitioned,
     Lost,
-    Deliver(Vec<Copy>),
+    Deliver(Vec<Delivery>),
 }
 
 impl NetFaults {
@@ -83,7 +83,7 @@ impl NetFaults {
                 } else {
                     0.0
                 };
-                Copy {
+                Delivery {
                     delay_ms: (self.delay_ms + jitter).max(0.0) + extra,
                     corrupt: self.corrupt > 0.0 && rng.random::<f64>() < self.corrupt,
                     reordered,
@@ -139,7 +139,7 @@ mod tests {
         for fate in draws(&NetFaults::default(), 100) {
             assert_eq!(
                 fate,
-                Fate::Deliver(vec![Copy {
+                Fate::Deliver(vec![Delivery {
                     delay_ms: 0.0,
                     corrupt: false,
                     reordered: false
@@ -162,7 +162,7 @@ mod tests {
         let n = 20_000;
         let fates = draws(&f, n);
         let lost = fates.iter().filter(|x| **x == Fate::Lost).count() as f64 / n as f64;
-        let copies: Vec<&Copy> = fates
+        let copies: Vec<&Delivery> = fates
             .iter()
             .filter_map(|x| match x {
                 Fate::Deliver(c) => Some(c),

@@ -78,6 +78,8 @@ struct Shared {
     rng: Mutex<ChaCha8Rng>,
     counts: Counters,
     delayed: AtomicUsize,
+    /// UDP payload bytes each node sent into the relay (before any fault).
+    sent_bytes: Vec<AtomicU64>,
     /// Real gossip address of each node.
     nodes: Vec<SocketAddr>,
     cancel: CancellationToken,
@@ -105,6 +107,7 @@ impl Relay {
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             counts: Counters::default(),
             delayed: AtomicUsize::new(0),
+            sent_bytes: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
             nodes: nodes.to_vec(),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -153,6 +156,12 @@ impl Relay {
             overflow: c.overflow.load(Relaxed),
             send_errors: c.send_errors.load(Relaxed),
         }
+    }
+
+    /// UDP payload bytes each node has sent to its peers (by node index): all of its
+    /// gossip and QUIC traffic, measured outside the process.
+    pub fn sent_bytes(&self) -> Vec<u64> {
+        self.shared.sent_bytes.iter().map(|b| b.load(Relaxed)).collect()
     }
 
     /// Stops every task (delayed copies are dropped) and waits for them.
@@ -244,13 +253,16 @@ fn deliver(
     dst: SocketAddr,
 ) {
     let c = &sh.counts;
+    if let Some(b) = from.and_then(|f| sh.sent_bytes.get(f)) {
+        b.fetch_add(data.len() as u64, Relaxed);
+    }
     let fate = match from {
         Some(f) => {
             let faults = sh.faults.lock();
             let mut rng = sh.rng.lock();
             faults.fate(f, to, &mut *rng)
         }
-        None => Fate::Deliver(vec![faults::Copy {
+        None => Fate::Deliver(vec![faults::Delivery {
             delay_ms: 0.0,
             corrupt: false,
             reordered: false,

@@ -36,6 +36,7 @@ pub fn base_plan(o: &RunOptions, routers: usize) -> Plan {
             bad_metrics: None,
             routers,
             relay: false,
+            clock_offsets_ms: Vec::new(),
             policy: "slo".into(),
             timings: RouterTimings::default(),
             time_scale: o.time_scale,

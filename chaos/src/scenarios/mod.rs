@@ -3,6 +3,7 @@
 //! checks; the checks every scenario shares are in [`crate::check`].
 
 mod client_abort;
+mod clock_skew;
 mod common;
 mod garbage_metrics;
 mod midstream_errors;
@@ -21,7 +22,7 @@ mod router_rolling;
 use crate::check::Check;
 use crate::scenario::{Ctx, FaultLog, Finished, Plan, RunOptions};
 
-pub use common::{FAULTY, balanced_before};
+pub use common::{FAULTY, REQUEST_DEADLINE, balanced_before};
 
 /// Every scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,10 +41,11 @@ pub enum Scenario {
     NetFaults,
     RouterRolling,
     Overload,
+    ClockSkew,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::ReplicaKill,
         Scenario::ReplicaStall,
         Scenario::ReplicaSlow,
@@ -58,6 +60,7 @@ impl Scenario {
         Scenario::NetFaults,
         Scenario::RouterRolling,
         Scenario::Overload,
+        Scenario::ClockSkew,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,6 +79,7 @@ impl Scenario {
             Scenario::NetFaults => "net-faults",
             Scenario::RouterRolling => "router-rolling",
             Scenario::Overload => "overload",
+            Scenario::ClockSkew => "clock-skew",
         }
     }
 
@@ -95,6 +99,7 @@ impl Scenario {
             Scenario::NetFaults => net_faults::ABOUT,
             Scenario::RouterRolling => router_rolling::ABOUT,
             Scenario::Overload => overload::ABOUT,
+            Scenario::ClockSkew => clock_skew::ABOUT,
         }
     }
 
@@ -119,6 +124,7 @@ impl Scenario {
             Scenario::NetFaults => net_faults::plan(o),
             Scenario::RouterRolling => router_rolling::plan(o),
             Scenario::Overload => overload::plan(o),
+            Scenario::ClockSkew => clock_skew::plan(o),
         }
     }
 
@@ -138,6 +144,7 @@ impl Scenario {
             Scenario::NetFaults => net_faults::inject(ctx).await,
             Scenario::RouterRolling => router_rolling::inject(ctx).await,
             Scenario::Overload => overload::inject(ctx).await,
+            Scenario::ClockSkew => clock_skew::inject(ctx).await,
         }
     }
 
@@ -157,6 +164,7 @@ impl Scenario {
             Scenario::NetFaults => net_faults::checks(f),
             Scenario::RouterRolling => router_rolling::checks(f),
             Scenario::Overload => overload::checks(f),
+            Scenario::ClockSkew => clock_skew::checks(f),
         }
     }
 
