@@ -127,14 +127,14 @@ async fn mesh_partitioned_two_ways_then_healed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mesh_datagrams_lost_delayed_duplicated_reordered_corrupted() {
-    let r = short_run(Scenario::NetFaults, 6.0).await;
+    let r = short_run(Scenario::NetFaults, 10.0).await;
     assert_passed(&r);
     assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_clocks_seconds_apart() {
-    let r = short_run(Scenario::ClockSkew, 8.0).await;
+    let r = short_run(Scenario::ClockSkew, 10.0).await;
     assert_passed(&r);
     assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
 }

@@ -14,8 +14,9 @@
 //! Invariants: the faults in force ([`NetFaults`]) are read per datagram, so a change
 //! applies to the next one; delayed copies are bounded (`MAX_DELAYED`, beyond it a
 //! copy is dropped and counted); back sockets are bounded per front (`MAX_SOURCES`);
-//! every task is tracked and ends on [`Relay::stop`]. Cost: one `recv` + one `send`
-//! syscall per copy, and a timer task per delayed copy.
+//! every task is tracked and ends on [`Relay::stop`]; undelayed copies leave in
+//! arrival order. Cost: one `recv` + one `send` syscall per copy, and a timer task per
+//! delayed copy.
 
 pub mod faults;
 
@@ -213,7 +214,7 @@ async fn front_loop(sh: Arc<Shared>, to: usize, front: Arc<UdpSocket>) {
             continue;
         };
         let from = sh.nodes.iter().position(|a| *a == src);
-        deliver(&sh, from, to, &buf[..n], back, dst);
+        deliver(&sh, from, to, &buf[..n], back, dst).await;
     }
 }
 
@@ -236,15 +237,15 @@ async fn back_loop(
             _ = sh.cancel.cancelled() => return,
         };
         match to {
-            Some(t) => deliver(&sh, Some(from_node), t, &buf[..n], front.clone(), peer),
-            None => deliver(&sh, None, from_node, &buf[..n], front.clone(), peer),
+            Some(t) => deliver(&sh, Some(from_node), t, &buf[..n], front.clone(), peer).await,
+            None => deliver(&sh, None, from_node, &buf[..n], front.clone(), peer).await,
         }
     }
 }
 
 /// Applies the faults in force to one datagram and sends its copies from `via` to
 /// `dst`. `from` is None for a source that is not a node (no faults apply).
-fn deliver(
+async fn deliver(
     sh: &Arc<Shared>,
     from: Option<usize>,
     to: usize,
@@ -292,7 +293,7 @@ fn deliver(
             c.reordered.fetch_add(1, Relaxed);
         }
         if copy.delay_ms <= 0.0 {
-            send_now(sh, &via, &bytes, dst);
+            send_now(sh, &via, &bytes, dst).await;
             continue;
         }
         if sh.delayed.fetch_add(1, Relaxed) >= MAX_DELAYED {
@@ -304,7 +305,7 @@ fn deliver(
         let wait = Duration::from_secs_f64(copy.delay_ms / 1e3);
         sh.tracker.spawn(async move {
             tokio::select! {
-                _ = tokio::time::sleep(wait) => send_now(&sh2, &via2, &bytes, dst),
+                _ = tokio::time::sleep(wait) => send_now(&sh2, &via2, &bytes, dst).await,
                 _ = sh2.cancel.cancelled() => {}
             }
             sh2.delayed.fetch_sub(1, Relaxed);
@@ -312,9 +313,9 @@ fn deliver(
     }
 }
 
-fn send_now(sh: &Shared, via: &UdpSocket, bytes: &[u8], dst: SocketAddr) {
-    // A full socket buffer drops the datagram, as a congested network would.
-    match via.try_send_to(bytes, dst) {
+async fn send_now(sh: &Shared, via: &UdpSocket, bytes: &[u8], dst: SocketAddr) {
+    // In order, waiting out a full socket buffer (rare on loopback).
+    match via.send_to(bytes, dst).await {
         Ok(_) => sh.counts.forwarded.fetch_add(1, Relaxed),
         Err(_) => sh.counts.send_errors.fetch_add(1, Relaxed),
     };
@@ -347,7 +348,7 @@ async fn junk_loop(sh: Arc<Shared>) {
                     let len = rng.random_range(1_300..=60_000);
                     (0..len).map(|_| rng.random()).collect()
                 };
-                if sock.try_send_to(&junk, *dst).is_ok() {
+                if sock.send_to(&junk, *dst).await.is_ok() {
                     sh.counts.oversized_sent.fetch_add(1, Relaxed);
                 }
             }

@@ -12,7 +12,7 @@
 //! forward-decayed statistics merge within 1% of unskewed ones.)
 
 use super::common::base_plan;
-use super::net_partition::{DETECT_BOUND_S, HEAL_BOUND_S, wait_cut, wait_whole};
+use super::net_partition::{DETECT_BOUND_S, HEAL_BOUND_S, fresh_samples, wait_cut, wait_whole};
 use crate::check::Check;
 use crate::relay::NetFaults;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
@@ -68,32 +68,25 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
         f.log.fault_s.unwrap_or(f.load_end_s),
         f.log.recover_s.unwrap_or(f.load_end_s),
     );
-    // After the heal, allow the bound for the mesh to become whole again.
-    let back = heal + HEAL_BOUND_S;
-    let mut out = vec![skew_estimates(f)];
+    // Judged outside the partition and the time the mesh took to be whole after it.
+    let back = heal
+        + f.log
+            .numbers
+            .get("healed_converge_s")
+            .copied()
+            .unwrap_or(HEAL_BOUND_S);
+    let mut out = vec![skew_estimates(f, (cut, back))];
     for (n, id) in f.router_ids.iter().enumerate() {
-        let judged: Vec<bool> = f
-            .samples
-            .iter()
-            .filter(|s| s.node == n && s.members.is_some())
-            .filter(|s| s.t_s >= 1.0 && s.t_s < f.load_end_s)
-            .filter(|s| s.t_s < cut || s.t_s >= back)
-            .map(|s| {
-                f.router_ids.iter().enumerate().all(|(j, peer)| {
-                    j == n
-                        || s.member(peer)
-                            .is_some_and(|m| m.live && m.inflight_replicas.is_some_and(|k| k > 0))
-                })
-            })
-            .collect();
-        let fresh = judged.iter().filter(|x| **x).count();
-        let share = fresh as f64 / judged.len().max(1) as f64;
+        let (fresh, judged) = fresh_samples(f, n, 1.0, f.load_end_s, Some((cut, back)));
+        let share = fresh as f64 / judged.max(1) as f64;
         out.push(Check::new(
-            &format!("{id} (clock {:+} s) holds fresh placements from every peer", OFFSETS_MS.get(n).copied().unwrap_or(0) as f64 / 1e3),
-            judged.len() >= 10 && share >= MIN_FRESH,
+            &format!(
+                "{id} (clock {:+} s) holds fresh placements from every peer",
+                OFFSETS_MS.get(n).copied().unwrap_or(0) as f64 / 1e3
+            ),
+            judged >= MIN_JUDGED && share >= MIN_FRESH,
             format!(
-                "{fresh} of {} samples outside the partition ({:.0}%, need ≥ {:.0}%)",
-                judged.len(),
+                "{fresh} of {judged} samples outside the partition ({:.0}%, need ≥ {:.0}% of ≥ {MIN_JUDGED})",
                 share * 100.0,
                 MIN_FRESH * 100.0
             ),
@@ -102,26 +95,32 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
     out
 }
 
+/// Fewest samples a node's freshness is judged on.
+const MIN_JUDGED: usize = 5;
+
 /// Largest error of a node's estimate of a peer's skew accepted (ms): loopback delay
 /// and scheduling under load.
 const SKEW_TOLERANCE_MS: i64 = 250;
 
-/// Each node's last estimate of each peer's skew matches the offsets set.
-fn skew_estimates(f: &Finished<'_>) -> Check {
+/// The median of each node's estimates of each peer's skew (over its samples outside
+/// `skip`) matches the offsets set.
+fn skew_estimates(f: &Finished<'_>, skip: (f64, f64)) -> Check {
     let mut parts = Vec::new();
     let mut pass = true;
     for (n, id) in f.router_ids.iter().enumerate() {
-        let Some(last) = f.samples.iter().rev().find(|s| s.node == n && s.members.is_some()) else {
-            pass = false;
-            parts.push(format!("{id}: no sample"));
-            continue;
-        };
         for (j, peer) in f.router_ids.iter().enumerate() {
             if j == n {
                 continue;
             }
             let want = OFFSETS_MS.get(n).copied().unwrap_or(0) - OFFSETS_MS.get(j).copied().unwrap_or(0);
-            let got = last.member(peer).and_then(|m| m.clock_skew_ms);
+            let mut seen: Vec<i64> = f
+                .samples
+                .iter()
+                .filter(|s| s.node == n && (s.t_s < skip.0 || s.t_s >= skip.1))
+                .filter_map(|s| s.member(peer)?.clock_skew_ms)
+                .collect();
+            seen.sort_unstable();
+            let got = seen.get(seen.len() / 2).copied();
             pass &= got.is_some_and(|g| (g - want).abs() <= SKEW_TOLERANCE_MS);
             parts.push(format!(
                 "{id} sees {peer} {} ms (true {want:+})",

@@ -97,6 +97,31 @@ pub async fn wait_whole(ctx: &mut Ctx<'_>, label: &str, from: f64, bound: f64) {
     }
 }
 
+/// Per node: in how many of its samples taken in `[from, to)` (and outside `skip`)
+/// it saw every peer live with fresh placements — (fresh, judged).
+pub fn fresh_samples(
+    f: &Finished<'_>,
+    node: usize,
+    from: f64,
+    to: f64,
+    skip: Option<(f64, f64)>,
+) -> (usize, usize) {
+    let judged: Vec<bool> = f
+        .samples
+        .iter()
+        .filter(|s| s.node == node && s.members.is_some() && s.t_s >= from && s.t_s < to)
+        .filter(|s| skip.is_none_or(|(a, b)| s.t_s < a || s.t_s >= b))
+        .map(|s| {
+            f.router_ids.iter().enumerate().all(|(j, peer)| {
+                j == node
+                    || s.member(peer)
+                        .is_some_and(|m| m.live && m.inflight_replicas.is_some_and(|k| k > 0))
+            })
+        })
+        .collect();
+    (judged.iter().filter(|x| **x).count(), judged.len())
+}
+
 fn per_node(ids: &[String], took: &[Option<f64>]) -> String {
     ids.iter()
         .zip(took)
