@@ -149,7 +149,7 @@ async fn rolling_restart_of_every_router_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_times_capacity_then_recovery() {
-    let r = short_run(Scenario::Overload, 8.0).await;
+    let r = short_run(Scenario::Overload, 10.0).await;
     assert_passed(&r);
     // Nothing lost: every request was answered or refused with a clear error.
     let refused = r.outcomes.get("error-json").copied().unwrap_or(0);

@@ -1,12 +1,12 @@
 //! Overload: one router node in front of three emulators, with the admission gate's
-//! capacity on (`admission.per_replica_in_flight = 2`: `C` = 6 requests in flight),
-//! gets `BURST_FACTOR`× the fleet's capacity for the middle 40% of the run, then the
-//! base load again.
+//! capacity on (`admission.per_replica_in_flight = 1`: `C` = 3 requests in flight),
+//! gets about 5× the fleet's capacity for 40% of the run (from 20%), then the base
+//! load again.
 //!
-//! Capacity (req/s) = `C` / the mean service time of the requests answered before the
-//! burst: what the fleet completes per second at the gate's limit. The burst's rate
-//! is fixed up front (the schedule is seeded), so the factor actually offered is
-//! measured and reported against it.
+//! Capacity (req/s) = `C` / the mean service time of the requests sent after the
+//! burst (warm, unqueued: the base load is light): what the fleet completes per
+//! second at the gate's limit. The burst's rate is fixed up front (the schedule is
+//! seeded), so the factor actually offered is measured and reported against it.
 //!
 //! Expected: every request ends with a result or a clear, fast refusal (429/503 with
 //! an OpenAI error body, within the gate's `max_wait_ms` + 1 s);
@@ -26,14 +26,14 @@ use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 pub const ABOUT: &str = "5x the fleet's capacity (admission gate on) for 40% of the run, then the base load";
 
 /// Requests in flight per replica the gate allows.
-const PER_REPLICA: u32 = 2;
+const PER_REPLICA: u32 = 1;
 /// Longest a request waits at the gate (ms).
 const MAX_WAIT_MS: u64 = 1_000;
 /// Base arrivals (req/s): below capacity.
-const BASE_RATE: f64 = 6.0;
-/// Burst arrivals (req/s): about 5× the capacity measured on this fleet (≈ 15 req/s
-/// at time scale 0.5 with 16–64 output tokens).
-const BURST_RATE: f64 = 75.0;
+const BASE_RATE: f64 = 5.0;
+/// Burst arrivals (req/s): about 5× the capacity measured on this fleet (≈ 8 req/s
+/// at time scale 0.5 with 64–128 output tokens).
+const BURST_RATE: f64 = 40.0;
 /// The offered factor the burst must reach for the run to count as 5× overload.
 const MIN_FACTOR: f64 = 4.0;
 /// Most the router's resident memory may grow from before the burst to its end.
@@ -47,10 +47,10 @@ pub fn plan(o: &RunOptions) -> Plan {
     p.cluster.timings.admission_per_replica = PER_REPLICA;
     p.cluster.timings.admission_max_wait_ms = MAX_WAIT_MS;
     p.load.rate_per_s = o.rate_per_s.unwrap_or(BASE_RATE);
-    p.load.max_tokens = (16, 64);
+    p.load.max_tokens = (64, 128);
     p.load.max_inflight = 512;
-    p.fault_s = 0.3 * d;
-    p.recover_s = 0.7 * d;
+    p.fault_s = 0.2 * d;
+    p.recover_s = 0.6 * d;
     p.load.burst = Some(Burst {
         from_s: p.fault_s,
         to_s: p.recover_s,
@@ -95,7 +95,7 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
     let service: Vec<f64> = f
         .records
         .iter()
-        .filter(|r| r.sent_s < from && r.class == EndClass::Ok)
+        .filter(|r| r.sent_s >= to + RECOVER_S && r.class == EndClass::Ok)
         .map(|r| r.end_s - r.sent_s)
         .collect();
     let mean = (!service.is_empty()).then(|| service.iter().sum::<f64>() / service.len() as f64);
@@ -118,7 +118,7 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
             &format!("the burst offered ≥ {MIN_FACTOR}× the fleet's capacity"),
             factor.is_some_and(|x| x >= MIN_FACTOR),
             format!(
-                "offered {offered:.1} req/s; capacity {} req/s ({slots} slots / mean service {} s before the burst): {}×",
+                "offered {offered:.1} req/s; capacity {} req/s ({slots} slots / mean service {} s after the burst): {}×",
                 fmt(capacity),
                 mean.map_or("-".into(), |m| format!("{m:.3}")),
                 fmt(factor)
@@ -138,11 +138,20 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
             ),
         ),
     ];
-    let goodput = answered as f64 / (to - from);
+    // Completions while saturated: the gate keeps the fleet busy, not idle or beyond C.
+    let done = f
+        .records
+        .iter()
+        .filter(|r| r.class == EndClass::Ok && r.end_s >= from + 1.0 && r.end_s < to)
+        .count() as f64
+        / (to - from - 1.0).max(1e-3);
     out.push(Check::new(
         "the fleet keeps completing work through the burst (≥ half its capacity)",
-        capacity.is_some_and(|c| goodput >= 0.5 * c),
-        format!("{goodput:.1} req/s answered whole during the burst vs capacity {} req/s", fmt(capacity)),
+        capacity.is_some_and(|c| done >= 0.5 * c),
+        format!(
+            "{done:.1} req/s completed whole from 1 s into the burst to its end vs capacity {} req/s",
+            fmt(capacity)
+        ),
     ));
     let (b, p) = (n("rss_before_mib"), n("rss_peak_mib"));
     out.push(Check::new(
