@@ -21,9 +21,9 @@ use serde::Serialize;
 
 use crate::bad_metrics::BadUpstream;
 use crate::bins::Binaries;
-use crate::relay::Relay;
 use crate::http::get_json;
 use crate::os::{Signal, signal};
+use crate::relay::Relay;
 use crate::router_config::RouterTimings;
 use crate::{ChaosError, os};
 

@@ -196,11 +196,16 @@ mod tests {
             rate_per_s: 250.0,
         });
         let a = schedule(&s, 3, 7);
-        let count = |from: f64, to: f64| a.iter().filter(|r| r.due_s >= from && r.due_s < to).count();
+        let count =
+            |from: f64, to: f64| a.iter().filter(|r| r.due_s >= from && r.due_s < to).count();
         // Expected 500 in the burst and 200 in each 4 s outside it (±20%).
         assert!((400..600).contains(&count(4.0, 6.0)), "{}", count(4.0, 6.0));
         assert!((160..240).contains(&count(0.0, 4.0)), "{}", count(0.0, 4.0));
-        assert!((160..240).contains(&count(6.0, 10.0)), "{}", count(6.0, 10.0));
+        assert!(
+            (160..240).contains(&count(6.0, 10.0)),
+            "{}",
+            count(6.0, 10.0)
+        );
     }
 
     #[test]

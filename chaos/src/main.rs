@@ -66,11 +66,17 @@ async fn scale_cmd(a: ScaleArgs) -> anyhow::Result<bool> {
     if !(2..=64).contains(&a.nodes) || !(1..=64).contains(&a.replicas) {
         anyhow::bail!("--nodes must be in 2..=64 and --replicas in 1..=64");
     }
-    if !(a.duration.is_finite() && (3.0..=3600.0).contains(&a.duration))
-        || !(a.rate.is_finite() && a.rate > 0.0 && a.rate <= 500.0)
-        || !(a.time_scale.is_finite() && a.time_scale > 0.0 && a.time_scale <= 10.0)
-        || !(a.tolerance.is_finite() && a.tolerance >= 0.0)
-    {
+    let ok = a.duration.is_finite()
+        && (3.0..=3600.0).contains(&a.duration)
+        && a.rate.is_finite()
+        && a.rate > 0.0
+        && a.rate <= 500.0
+        && a.time_scale.is_finite()
+        && a.time_scale > 0.0
+        && a.time_scale <= 10.0
+        && a.tolerance.is_finite()
+        && a.tolerance >= 0.0;
+    if !ok {
         anyhow::bail!(
             "--duration in [3, 3600], --rate in (0, 500], --time-scale in (0, 10], --tolerance ≥ 0"
         );

@@ -235,7 +235,9 @@ pub async fn run_scale(o: &ScaleOptions) -> Result<ScaleReport, ChaosError> {
             ),
         ),
         Check::new(
-            &format!("load imbalance of the mesh within {tol} points of the single node (or better)"),
+            &format!(
+                "load imbalance of the mesh within {tol} points of the single node (or better)"
+            ),
             d_imb <= tol,
             format!(
                 "max/mean − 1 = {:.1}% with {} nodes vs {:.1}% with 1 ({d_imb:+.1} points)",

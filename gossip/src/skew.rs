@@ -46,7 +46,13 @@ pub(crate) struct Skew {
 impl Skew {
     /// The age of a datagram from `node` stamped `stamp_ms`, read at `now_ms` (`at` on
     /// the monotonic clock); updates the estimate.
-    pub fn datagram_age(&self, node: &Arc<str>, stamp_ms: u64, now_ms: u64, at: Instant) -> Duration {
+    pub fn datagram_age(
+        &self,
+        node: &Arc<str>,
+        stamp_ms: u64,
+        now_ms: u64,
+        at: Instant,
+    ) -> Duration {
         let raw = now_ms as i64 - stamp_ms as i64;
         let mut peers = self.peers.lock();
         let e = peers.entry(node.clone()).or_insert(Est {
@@ -105,7 +111,10 @@ mod tests {
         }
         // Without an estimate the raw age is used, clamped at zero.
         assert_eq!(s.value_age("c", now + 9_000, now), Duration::ZERO);
-        assert_eq!(s.value_age("c", now - 2_000, now), Duration::from_millis(2_000));
+        assert_eq!(
+            s.value_age("c", now - 2_000, now),
+            Duration::from_millis(2_000)
+        );
         s.forget("a");
         assert!(s.estimate_ms("a").is_none());
     }
@@ -118,11 +127,17 @@ mod tests {
         assert_eq!(s.datagram_age(&n, 1_000, 1_000, t0), Duration::ZERO);
         // The peer's clock steps back 2 s: its datagrams look 2 s old for a while...
         let later = t0 + Duration::from_secs(11);
-        assert_eq!(s.datagram_age(&n, 9_000, 11_000, later), Duration::from_millis(2_000));
+        assert_eq!(
+            s.datagram_age(&n, 9_000, 11_000, later),
+            Duration::from_millis(2_000)
+        );
         // ...until both windows hold only post-step datagrams.
         let much_later = t0 + Duration::from_secs(22);
         s.datagram_age(&n, 20_000, 22_000, much_later);
         assert_eq!(s.estimate_ms("p"), Some(2_000));
-        assert_eq!(s.datagram_age(&n, 20_500, 22_500, much_later), Duration::ZERO);
+        assert_eq!(
+            s.datagram_age(&n, 20_500, 22_500, much_later),
+            Duration::ZERO
+        );
     }
 }

@@ -95,7 +95,9 @@ pub struct Relay {
 
 impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Relay").field("fronts", &self.fronts).finish()
+        f.debug_struct("Relay")
+            .field("fronts", &self.fronts)
+            .finish()
     }
 }
 
@@ -162,7 +164,11 @@ impl Relay {
     /// UDP payload bytes each node has sent to its peers (by node index): all of its
     /// gossip and QUIC traffic, measured outside the process.
     pub fn sent_bytes(&self) -> Vec<u64> {
-        self.shared.sent_bytes.iter().map(|b| b.load(Relaxed)).collect()
+        self.shared
+            .sent_bytes
+            .iter()
+            .map(|b| b.load(Relaxed))
+            .collect()
     }
 
     /// Stops every task (delayed copies are dropped) and waits for them.

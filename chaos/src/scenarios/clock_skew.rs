@@ -112,7 +112,8 @@ fn skew_estimates(f: &Finished<'_>, skip: (f64, f64)) -> Check {
             if j == n {
                 continue;
             }
-            let want = OFFSETS_MS.get(n).copied().unwrap_or(0) - OFFSETS_MS.get(j).copied().unwrap_or(0);
+            let want =
+                OFFSETS_MS.get(n).copied().unwrap_or(0) - OFFSETS_MS.get(j).copied().unwrap_or(0);
             let mut seen: Vec<i64> = f
                 .samples
                 .iter()

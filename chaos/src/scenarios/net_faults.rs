@@ -16,7 +16,8 @@ use crate::check::Check;
 use crate::relay::NetFaults;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 
-pub const ABOUT: &str = "mesh datagrams lost, delayed, jittered, duplicated, reordered, corrupted, plus oversized junk";
+pub const ABOUT: &str =
+    "mesh datagrams lost, delayed, jittered, duplicated, reordered, corrupted, plus oversized junk";
 
 /// Peers' placements expire after this (s): staleness under the faults shows after it.
 const PEER_TTL_S: f64 = 3.0;

@@ -54,7 +54,9 @@ pub async fn wait_cut(ctx: &mut Ctx<'_>, label: &str, groups: &[u8], from: f64, 
     let took: Vec<Option<f64>> = got.iter().map(|t| t.map(|t| t - from)).collect();
     let worst = took.iter().try_fold(0.0f64, |w, t| t.map(|t| w.max(t)));
     let mut c = check::within(
-        &format!("{label}: every node marks the nodes across the cut dead and forgets their placements"),
+        &format!(
+            "{label}: every node marks the nodes across the cut dead and forgets their placements"
+        ),
         "cut seen on every side",
         worst,
         bound,
@@ -125,7 +127,12 @@ pub fn fresh_samples(
 fn per_node(ids: &[String], took: &[Option<f64>]) -> String {
     ids.iter()
         .zip(took)
-        .map(|(id, t)| format!("{id}: {}", t.map_or("never".into(), |t| format!("{t:.2} s"))))
+        .map(|(id, t)| {
+            format!(
+                "{id}: {}",
+                t.map_or("never".into(), |t| format!("{t:.2} s"))
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -164,7 +171,9 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     }
     if let Some(relay) = &ctx.cluster.relay {
         let c = relay.counts();
-        ctx.log.numbers.insert("relay_forwarded".into(), c.forwarded as f64);
+        ctx.log
+            .numbers
+            .insert("relay_forwarded".into(), c.forwarded as f64);
         ctx.log
             .numbers
             .insert("relay_partitioned".into(), c.partitioned as f64);
@@ -173,7 +182,12 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
 
 pub fn checks(f: &Finished<'_>) -> Vec<Check> {
     let mut out = Vec::new();
-    let dropped = f.log.numbers.get("relay_partitioned").copied().unwrap_or(0.0);
+    let dropped = f
+        .log
+        .numbers
+        .get("relay_partitioned")
+        .copied()
+        .unwrap_or(0.0);
     out.push(Check::new(
         "the relay cut the mesh's datagrams",
         dropped > 0.0,

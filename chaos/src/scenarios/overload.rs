@@ -23,7 +23,8 @@ use crate::load::Burst;
 use crate::os;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 
-pub const ABOUT: &str = "5x the fleet's capacity (admission gate on) for 40% of the run, then the base load";
+pub const ABOUT: &str =
+    "5x the fleet's capacity (admission gate on) for 40% of the run, then the base load";
 
 /// Requests in flight per replica the gate allows.
 const PER_REPLICA: u32 = 1;
@@ -81,7 +82,11 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
     ctx.log.settle_s = to + RECOVER_S;
     ctx.at(ctx.plan.load.duration_s).await;
     let after = rss_mib(ctx);
-    for (k, v) in [("rss_before_mib", before), ("rss_peak_mib", Some(peak)), ("rss_after_mib", after)] {
+    for (k, v) in [
+        ("rss_before_mib", before),
+        ("rss_peak_mib", Some(peak)),
+        ("rss_after_mib", after),
+    ] {
         if let Some(v) = v {
             ctx.log.numbers.insert(k.into(), v);
         }
@@ -100,7 +105,11 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
         .collect();
     let mean = (!service.is_empty()).then(|| service.iter().sum::<f64>() / service.len() as f64);
     let capacity = mean.map(|m| slots / m);
-    let burst: Vec<_> = f.records.iter().filter(|r| r.sent_s >= from && r.sent_s < to).collect();
+    let burst: Vec<_> = f
+        .records
+        .iter()
+        .filter(|r| r.sent_s >= from && r.sent_s < to)
+        .collect();
     let offered = burst.len() as f64 / (to - from);
     let factor = capacity.map(|c| offered / c);
     let answered = burst.iter().filter(|r| r.class == EndClass::Ok).count();

@@ -52,9 +52,19 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
         ctx.note(format!("{id} exited after {took:.2} s (clean: {clean})"));
         ctx.log.numbers.insert(format!("{id}_drain_s"), took);
         ctx.log.checks.push(Check::new(
-            &format!("{id} drains and exits 0 within {} s of SIGTERM", DRAIN_GRACE.as_secs()),
+            &format!(
+                "{id} drains and exits 0 within {} s of SIGTERM",
+                DRAIN_GRACE.as_secs()
+            ),
             clean,
-            format!("exited after {took:.2} s, {}", if clean { "status 0" } else { "killed or failed" }),
+            format!(
+                "exited after {took:.2} s, {}",
+                if clean {
+                    "status 0"
+                } else {
+                    "killed or failed"
+                }
+            ),
         ));
         let back = ctx.now_s();
         if let Err(e) = ctx.cluster.restart_router(i).await {
