@@ -90,6 +90,9 @@ pub struct ClientSettings {
     pub deadline: Duration,
     /// `x-slo-ttft-ms`, `x-slo-tpot-ms` (wall ms) sent with every request.
     pub slo_ms: Option<(f64, f64)>,
+    /// A 503 (the node cannot serve yet, e.g. starting) moves to the next node, as
+    /// the OpenAI SDKs retry a 503 (here: at the next address DNS gave).
+    pub next_on_unavailable: bool,
 }
 
 /// One request's outcome, times in seconds since the scenario start.
@@ -224,6 +227,13 @@ pub async fn run_request(
             _ => deadline,
         };
         match tokio::time::timeout_at(wait, client.request(req)).await {
+            Ok(Ok(resp))
+                if cfg.next_on_unavailable
+                    && resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                    && k + 1 < n =>
+            {
+                rec.detail = Some(format!("node {node}: 503, trying the next node"));
+            }
             Ok(Ok(resp)) => {
                 answered = Some((node, resp));
                 break;

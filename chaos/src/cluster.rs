@@ -7,7 +7,9 @@
 //! sees every pid this scenario ever created; [`Cluster::teardown`] resumes paused
 //! nodes and stops (and reaps) everything, routers first. Ports are ephemeral: the
 //! emulators bind port 0 and announce it, router HTTP and gossip ports are reserved
-//! just before start and a failed start is retried on fresh ports.
+//! just before start and a failed start is retried on fresh ports. With
+//! `ClusterSpec::relay` the nodes' gossip runs through the harness's UDP relay: each
+//! node advertises (and is seeded to the others as) the relay's front for it.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use crate::bad_metrics::BadUpstream;
 use crate::bins::Binaries;
 use crate::http::get_json;
 use crate::os::{Signal, signal};
+use crate::relay::Relay;
 use crate::router_config::RouterTimings;
 use crate::{ChaosError, os};
 
@@ -33,6 +36,12 @@ pub struct ClusterSpec {
     pub bad_metrics: Option<usize>,
     /// Router nodes; more than one forms a mesh.
     pub routers: usize,
+    /// Route the mesh's UDP through the harness's fault-injecting relay
+    /// ([`crate::relay`]): each node advertises the relay's front for it.
+    pub relay: bool,
+    /// `HEADROOM_CLOCK_OFFSET_MS` of each router node (by index; missing = 0): a node
+    /// whose wall clock runs ahead or behind.
+    pub clock_offsets_ms: Vec<i64>,
     pub policy: String,
     pub timings: RouterTimings,
     /// Emulators' `--time-scale`.
@@ -95,6 +104,8 @@ pub struct Cluster {
     pub replicas: Vec<ReplicaProc>,
     pub routers: Vec<RouterProc>,
     pub bad: Option<BadUpstream>,
+    /// The fault-injecting UDP relay between nodes (when the spec asks for one).
+    pub relay: Option<Relay>,
     pub started: Vec<StartedPid>,
     pub spec: ClusterSpec,
     /// Logs, config and certificates.
@@ -135,6 +146,7 @@ impl Cluster {
             replicas: Vec::new(),
             routers: Vec::new(),
             bad: None,
+            relay: None,
             started: Vec::new(),
             spec,
             dir: dir.to_path_buf(),
@@ -189,20 +201,31 @@ impl Cluster {
                 }
             })
             .collect::<Result<_, _>>()?;
+        if n > 1 && self.spec.relay {
+            let real: Vec<SocketAddr> = gossip.iter().flatten().copied().collect();
+            self.relay = Some(Relay::start(&real, self.spec.seed).await?);
+        }
         for (i, id) in ids.iter().enumerate() {
-            let seeds: Vec<SocketAddr> = gossip
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .filter_map(|(_, g)| *g)
+            let seeds: Vec<SocketAddr> = (0..n)
+                .filter(|j| *j != i)
+                .filter_map(|j| self.reach(j, gossip[j]))
                 .collect();
-            let node = self.spawn_router(id, gossip[i], &seeds, None).await?;
+            let node = self.spawn_router(id, i, gossip[i], &seeds, None).await?;
             self.routers.push(node);
         }
         let t = Instant::now();
         self.wait_converged().await?;
         self.converge_s = t.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    /// The address peers use to reach node `i` whose real gossip address is `real`:
+    /// the relay's front for it, or `real` itself without a relay.
+    fn reach(&self, i: usize, real: Option<SocketAddr>) -> Option<SocketAddr> {
+        match &self.relay {
+            Some(r) => r.front(i),
+            None => real,
+        }
     }
 
     async fn write_certs(&mut self, ids: &[String]) -> Result<PathBuf, ChaosError> {
@@ -283,13 +306,19 @@ impl Cluster {
     async fn spawn_router(
         &mut self,
         id: &str,
+        index: usize,
         gossip: Option<SocketAddr>,
         seeds: &[SocketAddr],
         fixed: Option<SocketAddr>,
     ) -> Result<RouterProc, ChaosError> {
         let mut last = String::new();
         let mut gossip = gossip;
-        let attempts = if fixed.is_some() { 1 } else { 3 };
+        // Behind the relay the gossip address is wired into it: never moved.
+        let attempts = if fixed.is_some() || self.relay.is_some() {
+            1
+        } else {
+            3
+        };
         for attempt in 0..attempts {
             let http: SocketAddr = match fixed {
                 Some(a) => a,
@@ -328,15 +357,29 @@ impl Cluster {
                     args.push("--peer".into());
                     args.push(s.to_string());
                 }
+                if let Some(front) = self.relay.as_ref().and_then(|r| r.front(index)) {
+                    args.push("--gossip-advertise".into());
+                    args.push(front.to_string());
+                }
             }
             let label = format!("router {id}");
             let log = self.dir.join(format!("{id}.log"));
+            let offset = self
+                .spec
+                .clock_offsets_ms
+                .get(index)
+                .copied()
+                .unwrap_or(0)
+                .to_string();
             let mut child = ChildProc::spawn(
                 &label,
                 &self.bins.headroom,
                 &args,
                 Some(&log),
-                &[("HEADROOM_LOG", "warn")],
+                &[
+                    ("HEADROOM_LOG", "warn"),
+                    (headroom_gossip::clock::OFFSET_ENV, &offset),
+                ],
             )?;
             self.started.push(StartedPid::new(&label, child.pid()));
             child.drain_stdout();
@@ -472,6 +515,19 @@ impl Cluster {
         Ok(())
     }
 
+    /// SIGTERMs router node `i` — it stops accepting, finishes what it holds and exits
+    /// — waits up to `grace`, SIGKILLs it past that, and reaps it. Returns how long it
+    /// took and whether it exited on its own with status 0.
+    pub async fn drain_router(&mut self, i: usize, grace: Duration) -> Result<(f64, bool), String> {
+        let r = self.routers.get_mut(i).ok_or("no such router")?;
+        let mut p = r.proc.take().ok_or("router not running")?;
+        let t = Instant::now();
+        p.stop(grace).await;
+        let took = t.elapsed();
+        let clean = took < grace && p.exited().is_some_and(|s| s.success());
+        Ok((took.as_secs_f64(), clean))
+    }
+
     /// Starts killed router node `i` again with its old id and addresses.
     pub async fn restart_router(&mut self, i: usize) -> Result<(), String> {
         let (id, http, gossip) = {
@@ -486,10 +542,10 @@ impl Cluster {
             .iter()
             .enumerate()
             .filter(|(j, _)| *j != i)
-            .filter_map(|(_, r)| r.gossip)
+            .filter_map(|(j, r)| self.reach(j, r.gossip))
             .collect();
         let node = self
-            .spawn_router(&id, gossip, &seeds, Some(http))
+            .spawn_router(&id, i, gossip, &seeds, Some(http))
             .await
             .map_err(|e| format!("restart on {http}: {e}"))?;
         self.routers[i] = node;
@@ -542,6 +598,9 @@ impl Cluster {
         }
         if let Some(mut b) = self.bad.take() {
             b.stop().await;
+        }
+        if let Some(r) = &self.relay {
+            r.stop().await;
         }
         for r in self.replicas.iter_mut().rev() {
             if let Some(mut p) = r.proc.take() {

@@ -40,6 +40,16 @@ pub struct LoadShape {
     /// after a random number of tokens (up to half of `max_tokens`).
     pub abandon_share: f64,
     pub abandon_window: (f64, f64),
+    /// Arrivals at `rate` per second instead within `[from_s, to_s)` (overload).
+    pub burst: Option<Burst>,
+}
+
+/// A window of a different arrival rate.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Burst {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub rate_per_s: f64,
 }
 
 /// The schedule: every request, due time ascending.
@@ -47,11 +57,11 @@ pub fn schedule(shape: &LoadShape, nodes: usize, seed: u64) -> Vec<RequestSpec> 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = Vec::new();
     let mut t = 0.0f64;
-    let rate = shape.rate_per_s.max(1e-6);
+    let base = shape.rate_per_s.max(1e-6);
     loop {
-        // Exponential gaps: −ln(U)/λ with U in (0, 1].
+        // Exponential gaps in units of arrival intensity: −ln(U) with U in (0, 1].
         let u: f64 = 1.0 - rng.random::<f64>();
-        t += -u.ln() / rate;
+        t = advance(t, -u.ln(), base, shape.burst);
         if t >= shape.duration_s {
             return out;
         }
@@ -84,6 +94,24 @@ pub fn schedule(shape: &LoadShape, nodes: usize, seed: u64) -> Vec<RequestSpec> 
             primary: rng.random_range(0..nodes.max(1)),
             abandon_after,
         });
+    }
+}
+
+/// The time at which `e` units of arrival intensity past `t` are used up, at `base`
+/// per second outside the burst and the burst's rate inside it (a Poisson process
+/// with a piecewise-constant rate: exact across the rate changes).
+fn advance(mut t: f64, mut e: f64, base: f64, burst: Option<Burst>) -> f64 {
+    loop {
+        let (rate, until) = match burst {
+            Some(b) if t < b.from_s => (base, b.from_s),
+            Some(b) if t < b.to_s => (b.rate_per_s.max(1e-6), b.to_s),
+            _ => (base, f64::INFINITY),
+        };
+        if t + e / rate < until {
+            return t + e / rate;
+        }
+        e -= (until - t) * rate;
+        t = until;
     }
 }
 
@@ -155,7 +183,29 @@ mod tests {
             max_inflight: 8,
             abandon_share: 0.5,
             abandon_window: (2.0, 4.0),
+            burst: None,
         }
+    }
+
+    #[test]
+    fn a_burst_multiplies_arrivals_in_its_window_only() {
+        let mut s = shape();
+        s.burst = Some(Burst {
+            from_s: 4.0,
+            to_s: 6.0,
+            rate_per_s: 250.0,
+        });
+        let a = schedule(&s, 3, 7);
+        let count =
+            |from: f64, to: f64| a.iter().filter(|r| r.due_s >= from && r.due_s < to).count();
+        // Expected 500 in the burst and 200 in each 4 s outside it (±20%).
+        assert!((400..600).contains(&count(4.0, 6.0)), "{}", count(4.0, 6.0));
+        assert!((160..240).contains(&count(0.0, 4.0)), "{}", count(0.0, 4.0));
+        assert!(
+            (160..240).contains(&count(6.0, 10.0)),
+            "{}",
+            count(6.0, 10.0)
+        );
     }
 
     #[test]

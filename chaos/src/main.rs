@@ -29,6 +29,74 @@ enum Cmd {
     List,
     /// Run scenarios and check their invariants.
     Run(RunArgs),
+    /// The mesh at scale: the same load through 1 node, then through `--nodes` meshed
+    /// nodes in front of one emulated fleet; attainment, imbalance, gossip, CPU.
+    Scale(ScaleArgs),
+}
+
+#[derive(clap::Args)]
+struct ScaleArgs {
+    #[arg(long, default_value_t = 16)]
+    nodes: usize,
+    #[arg(long, default_value_t = 4)]
+    replicas: usize,
+    /// Seconds of load per side.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// Arrivals per second (total, spread over the nodes).
+    #[arg(long, default_value_t = 30.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value_t = 0.5)]
+    time_scale: f64,
+    /// TTFT,TPOT objectives (model ms).
+    #[arg(long, value_parser = parse_slo, default_value = "300,20")]
+    slo: (f64, f64),
+    /// Largest accepted gap to the single node (percentage points).
+    #[arg(long, default_value_t = 2.0)]
+    tolerance: f64,
+    #[arg(long, default_value = "chaos/results/scale")]
+    out: PathBuf,
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+async fn scale_cmd(a: ScaleArgs) -> anyhow::Result<bool> {
+    if !(2..=64).contains(&a.nodes) || !(1..=64).contains(&a.replicas) {
+        anyhow::bail!("--nodes must be in 2..=64 and --replicas in 1..=64");
+    }
+    let ok = a.duration.is_finite()
+        && (3.0..=3600.0).contains(&a.duration)
+        && a.rate.is_finite()
+        && a.rate > 0.0
+        && a.rate <= 500.0
+        && a.time_scale.is_finite()
+        && a.time_scale > 0.0
+        && a.time_scale <= 10.0
+        && a.tolerance.is_finite()
+        && a.tolerance >= 0.0;
+    if !ok {
+        anyhow::bail!(
+            "--duration in [3, 3600], --rate in (0, 500], --time-scale in (0, 10], --tolerance ≥ 0"
+        );
+    }
+    let opts = headroom_chaos::scale::ScaleOptions {
+        nodes: a.nodes,
+        replicas: a.replicas,
+        duration_s: a.duration,
+        rate_per_s: a.rate,
+        seed: a.seed,
+        time_scale: a.time_scale,
+        slo_model_ms: a.slo,
+        tolerance_pp: a.tolerance,
+        out_dir: a.out.clone(),
+        bins: Binaries::find(a.bin_dir.as_deref())?,
+    };
+    let r = headroom_chaos::scale::run_scale(&opts).await?;
+    headroom_chaos::scale::write(&a.out, &r)?;
+    eprintln!("{}", headroom_chaos::scale::markdown(&r));
+    Ok(r.pass)
 }
 
 #[derive(clap::Args)]
@@ -176,33 +244,34 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match cli.cmd {
+    type Job = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<bool>>>>;
+    let job: Job = match cli.cmd {
         Cmd::List => {
             for s in Scenario::ALL {
                 println!("{:<18} {}", s.name(), s.about());
             }
-            std::process::ExitCode::SUCCESS
+            return std::process::ExitCode::SUCCESS;
         }
-        Cmd::Run(a) => {
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return std::process::ExitCode::from(2);
-                }
-            };
-            match rt.block_on(run_cmd(a)) {
-                Ok(true) => std::process::ExitCode::SUCCESS,
-                Ok(false) => std::process::ExitCode::from(1),
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    std::process::ExitCode::from(2)
-                }
-            }
+        Cmd::Run(a) => Box::pin(run_cmd(a)),
+        Cmd::Scale(a) => Box::pin(scale_cmd(a)),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match rt.block_on(job) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
         }
     }
 }

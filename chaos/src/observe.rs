@@ -40,6 +40,8 @@ pub struct MemberView {
     pub live: bool,
     /// Replicas for which this node holds a fresh report of the member's placements.
     pub inflight_replicas: Option<u64>,
+    /// The node's estimate of this member's clock skew (ms; > 0: the member is behind).
+    pub clock_skew_ms: Option<i64>,
 }
 
 /// What node `node` answered at `t_s` (None when it did not answer in time).
@@ -103,6 +105,7 @@ pub fn parse_members(v: &Value) -> Option<Vec<MemberView>> {
                 node_id: m["node_id"].as_str().unwrap_or_default().to_string(),
                 live: m["live"] == true,
                 inflight_replicas: m["inflight_replicas"].as_u64(),
+                clock_skew_ms: m["clock_skew_ms"].as_i64(),
             })
             .collect(),
     )

@@ -70,9 +70,33 @@ pub fn running(pid: u32) -> bool {
     }
 }
 
+/// Resident set size of `pid` now (KiB), from `/proc/<pid>/status`.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU seconds (user + system) `pid` has used, from `/proc/<pid>/stat` at 100 ticks/s
+/// (Linux's `USER_HZ` on every mainstream architecture).
+pub fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (u, s): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    Some((u + s) as f64 / 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_rss_and_cpu_are_read() {
+        let me = std::process::id();
+        assert!(rss_kib(me).is_some_and(|k| k > 0));
+        assert!(cpu_s(me).is_some_and(|c| c >= 0.0));
+    }
 
     #[test]
     fn own_process_runs_and_a_reaped_child_does_not() {

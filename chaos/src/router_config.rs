@@ -23,6 +23,10 @@ pub struct RouterTimings {
     pub scrape_interval_ms: u64,
     pub scrape_timeout_ms: u64,
     pub stale_after_ms: u64,
+    /// `admission.per_replica_in_flight` (0: the capacity gate off, the default) and
+    /// `admission.max_wait_ms` (written only with the gate on).
+    pub admission_per_replica: u32,
+    pub admission_max_wait_ms: u64,
 }
 
 impl Default for RouterTimings {
@@ -41,6 +45,8 @@ impl Default for RouterTimings {
             scrape_interval_ms: 100,
             scrape_timeout_ms: 300,
             stale_after_ms: 1_000,
+            admission_per_replica: 0,
+            admission_max_wait_ms: 5_000,
         }
     }
 }
@@ -49,7 +55,7 @@ impl RouterTimings {
     /// The TOML text of a config file with these timings (listen address, replicas
     /// and mesh come from flags).
     pub fn toml(&self) -> String {
-        format!(
+        let mut t = format!(
             "[health]\nprobe_interval_ms = {}\nprobe_timeout_ms = {}\neject_after_failures = {}\n\
              backoff_initial_ms = {}\nbackoff_max_ms = {}\n\n\
              [proxy]\nconnect_timeout_ms = {}\nfirst_byte_timeout_ms = {}\nidle_timeout_ms = {}\n\
@@ -68,7 +74,14 @@ impl RouterTimings {
             self.scrape_interval_ms,
             self.scrape_timeout_ms,
             self.stale_after_ms,
-        )
+        );
+        if self.admission_per_replica > 0 {
+            t.push_str(&format!(
+                "\n[admission]\nper_replica_in_flight = {}\nmax_wait_ms = {}\n",
+                self.admission_per_replica, self.admission_max_wait_ms
+            ));
+        }
+        t
     }
 
     /// Worst-case time for probes to eject a replica whose `/health` fails or hangs.

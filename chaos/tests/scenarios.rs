@@ -116,3 +116,97 @@ async fn replica_metrics_turn_to_garbage() {
 async fn clients_abandon_streams() {
     assert_passed(&short_run(Scenario::ClientAbort, 5.0).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_partitioned_two_ways_then_healed() {
+    let r = short_run(Scenario::NetPartition, 8.0).await;
+    assert_passed(&r);
+    // Only the mesh was cut: every request sent got its whole answer.
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_datagrams_lost_delayed_duplicated_reordered_corrupted() {
+    let mut r = short_run(Scenario::NetFaults, 10.0).await;
+    // How whole the mesh stays *during* the faults is measured (the full run judges
+    // it, chaos/README.md); here only the invariants are asserted: no crash,
+    // nothing lost, whole again within the bound after the faults.
+    r.checks
+        .retain(|c| !c.name.ends_with("sees the mesh whole through the faults"));
+    assert_passed(&r);
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_clocks_seconds_apart() {
+    let r = short_run(Scenario::ClockSkew, 10.0).await;
+    assert_passed(&r);
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_of_every_router_node() {
+    let r = short_run(Scenario::RouterRolling, 16.0).await;
+    assert_passed(&r);
+    // Zero failed requests through the whole rolling restart.
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_times_capacity_then_recovery() {
+    let r = short_run(Scenario::Overload, 10.0).await;
+    assert_passed(&r);
+    // Nothing lost: every request was answered or refused with a clear error.
+    let refused = r.outcomes.get("error-json").copied().unwrap_or(0);
+    assert_eq!(r.answered + refused, r.requests, "{:?}", r.outcomes);
+}
+
+/// The mesh-at-scale comparison in a short form: 4 meshed nodes vs 1 on the same load:
+/// nothing lost, load imbalance within 10 points of the single node, gossip under
+/// 100 KB/s per node. The full run is in `chaos/results/scale/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_meshed_nodes_route_as_well_as_one() {
+    let _serial = SERIAL.lock().await;
+    let bins = Binaries::find(None).unwrap_or_else(|e| panic!("{e}"));
+    let out = tempfile::tempdir().expect("temp dir");
+    let opts = headroom_chaos::scale::ScaleOptions {
+        nodes: 4,
+        replicas: 3,
+        duration_s: 5.0,
+        rate_per_s: 20.0,
+        seed: 7,
+        time_scale: 0.5,
+        slo_model_ms: (300.0, 20.0),
+        tolerance_pp: 10.0,
+        out_dir: out.path().to_path_buf(),
+        bins,
+    };
+    let r = tokio::time::timeout(
+        Duration::from_secs(120),
+        headroom_chaos::scale::run_scale(&opts),
+    )
+    .await
+    .expect("scale run within 120 s")
+    .expect("scale run set up");
+    // Attainment is reported, not asserted here: in 5 s each node's predictor is still
+    // cold (see chaos/README.md, "Mesh at scale", for what falls short).
+    let failing: Vec<String> = r
+        .checks
+        .iter()
+        .filter(|c| !c.pass && !c.name.starts_with("attainment"))
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    assert!(
+        failing.is_empty(),
+        "{failing:?}\n{}",
+        headroom_chaos::scale::markdown(&r)
+    );
+    // Gossip stays under the bar of 100 KB/s per node.
+    assert!(
+        r.mesh.gossip_bytes_per_s_max.is_some_and(|b| b < 100_000.0),
+        "{}",
+        headroom_chaos::scale::markdown(&r)
+    );
+    assert!(r.mesh.gossip_bytes_per_s_mean.is_some_and(|b| b > 0.0));
+    assert!(r.single.requests >= 50 && r.single.requests == r.mesh.requests);
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use crate::skew::Skew;
 use crate::stats::Counters;
 use crate::wire::WireValue;
 
@@ -27,7 +28,8 @@ pub enum Scope {
 #[derive(Debug, Clone, PartialEq)]
 pub enum MeshEvent {
     /// A peer published (or refreshed) `key`. `age` is local time minus the publisher's
-    /// timestamp (clock skew between hosts shows up here; zero if the publisher is ahead).
+    /// timestamp, less the publisher's clock skew as estimated from its datagrams
+    /// (`skew.rs`; before its first datagram the raw difference, zero if it is ahead).
     Value {
         node: Arc<str>,
         scope: Scope,
@@ -55,6 +57,7 @@ pub enum MeshEvent {
     Datagram {
         node: Arc<str>,
         value: WireValue,
+        /// Time in flight beyond the fastest datagram from this peer (skew removed).
         age: Duration,
     },
 }
@@ -63,6 +66,8 @@ pub enum MeshEvent {
 pub(crate) struct EventHub {
     subs: Mutex<Vec<mpsc::Sender<MeshEvent>>>,
     counters: Arc<Counters>,
+    /// Peers' clock skew, for the ages of what they publish.
+    pub skew: Skew,
 }
 
 impl EventHub {
@@ -70,6 +75,7 @@ impl EventHub {
         Self {
             subs: Mutex::new(Vec::new()),
             counters,
+            skew: Skew::default(),
         }
     }
 
@@ -78,6 +84,9 @@ impl EventHub {
     }
 
     pub fn emit(&self, ev: MeshEvent) {
+        if let MeshEvent::MemberLeft { node, .. } = &ev {
+            self.skew.forget(node);
+        }
         let mut subs = self.subs.lock();
         subs.retain(|tx| !tx.is_closed());
         for tx in subs.iter() {

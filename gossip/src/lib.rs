@@ -10,7 +10,7 @@
 //! predictor slots across regions. Both share one QUIC endpoint (one UDP port) per node.
 
 pub mod certs;
-mod clock;
+pub mod clock;
 mod config;
 mod error;
 mod events;
@@ -19,6 +19,7 @@ pub mod keys;
 mod mesh;
 mod observer;
 mod seeds;
+mod skew;
 mod stats;
 pub mod tls;
 mod transport;

@@ -428,6 +428,12 @@ impl Mesh {
         out
     }
 
+    /// This node's estimate of `node`'s wall-clock skew (ms; > 0: its clock is behind
+    /// ours), from its datagrams; None before the first.
+    pub fn clock_skew_ms(&self, node: &str) -> Option<i64> {
+        self.hub.skew.estimate_ms(node)
+    }
+
     /// Counters since start.
     pub fn stats(&self) -> MeshStats {
         self.counters.snapshot(self.transport.live_udp_bytes())

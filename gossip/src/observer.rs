@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::age_since;
+use crate::clock::now_ms;
 use crate::events::{EventHub, MemberInfo, MemberSnap, MeshEvent, Scope, try_send};
 use crate::keys::{REGION_KEY, RESERVED_PREFIX};
 use crate::stats::Counters;
@@ -245,7 +245,7 @@ impl Observer {
                     scope,
                     key: key.clone(),
                     value: value.clone(),
-                    age: age_since(*at),
+                    age: self.hub.skew.value_age(&id.node_id, *at, now_ms()),
                 });
             }
             if let Some(view) = self.nodes.get_mut(&id) {
@@ -320,7 +320,7 @@ impl Observer {
                                 scope: self.scope,
                                 key: key.clone(),
                                 value: value.clone(),
-                                age: age_since(*at),
+                                age: self.hub.skew.value_age(&id.node_id, *at, now_ms()),
                             },
                             &self.counters,
                         );

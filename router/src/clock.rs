@@ -26,10 +26,9 @@ pub fn at_s(t: Instant) -> f64 {
     t.saturating_duration_since(epoch()).as_secs_f64()
 }
 
-/// Wall-clock milliseconds since the Unix epoch (for values shared between nodes).
+/// Wall-clock milliseconds since the Unix epoch (for values shared between nodes),
+/// shifted by `HEADROOM_CLOCK_OFFSET_MS` where set (a test knob: the mesh's clock, one
+/// source for both crates).
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    headroom_gossip::clock::now_ms()
 }

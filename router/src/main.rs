@@ -206,6 +206,13 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
 }
 
 async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Result<()> {
+    let skew = headroom_gossip::clock::offset_from_env().map_err(anyhow::Error::msg)?;
+    if skew != 0 {
+        tracing::warn!(
+            offset_ms = skew,
+            "wall clock shifted by HEADROOM_CLOCK_OFFSET_MS"
+        );
+    }
     let cancel = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

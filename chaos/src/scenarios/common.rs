@@ -35,6 +35,8 @@ pub fn base_plan(o: &RunOptions, routers: usize) -> Plan {
             replica_profiles: vec!["h100-llama3-8b".into(); 3],
             bad_metrics: None,
             routers,
+            relay: false,
+            clock_offsets_ms: Vec::new(),
             policy: "slo".into(),
             timings: RouterTimings::default(),
             time_scale: o.time_scale,
@@ -51,6 +53,7 @@ pub fn base_plan(o: &RunOptions, routers: usize) -> Plan {
             max_inflight: 256,
             abandon_share: 0.0,
             abandon_window: (0.0, 0.0),
+            burst: None,
         },
         client: ClientSettings {
             model: "llama-3-8b".into(),
@@ -61,6 +64,7 @@ pub fn base_plan(o: &RunOptions, routers: usize) -> Plan {
             slo_ms: o
                 .slo_model_ms
                 .map(|(ttft, tpot)| (ttft * o.time_scale, tpot * o.time_scale)),
+            next_on_unavailable: false,
         },
         fault_s: 0.3 * d,
         recover_s: 0.6 * d,

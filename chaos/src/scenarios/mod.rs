@@ -3,21 +3,26 @@
 //! checks; the checks every scenario shares are in [`crate::check`].
 
 mod client_abort;
+mod clock_skew;
 mod common;
 mod garbage_metrics;
 mod midstream_errors;
 mod midstream_failover;
+mod net_faults;
+mod net_partition;
+mod overload;
 mod replica_errors;
 mod replica_kill;
 mod replica_slow;
 mod replica_stall;
 mod router_kill;
 mod router_pause;
+mod router_rolling;
 
 use crate::check::Check;
 use crate::scenario::{Ctx, FaultLog, Finished, Plan, RunOptions};
 
-pub use common::{FAULTY, balanced_before};
+pub use common::{FAULTY, REQUEST_DEADLINE, balanced_before};
 
 /// Every scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +37,15 @@ pub enum Scenario {
     RouterPause,
     GarbageMetrics,
     ClientAbort,
+    NetPartition,
+    NetFaults,
+    RouterRolling,
+    Overload,
+    ClockSkew,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::ReplicaKill,
         Scenario::ReplicaStall,
         Scenario::ReplicaSlow,
@@ -46,6 +56,11 @@ impl Scenario {
         Scenario::RouterPause,
         Scenario::GarbageMetrics,
         Scenario::ClientAbort,
+        Scenario::NetPartition,
+        Scenario::NetFaults,
+        Scenario::RouterRolling,
+        Scenario::Overload,
+        Scenario::ClockSkew,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +75,11 @@ impl Scenario {
             Scenario::RouterPause => "router-pause",
             Scenario::GarbageMetrics => "garbage-metrics",
             Scenario::ClientAbort => "client-abort",
+            Scenario::NetPartition => "net-partition",
+            Scenario::NetFaults => "net-faults",
+            Scenario::RouterRolling => "router-rolling",
+            Scenario::Overload => "overload",
+            Scenario::ClockSkew => "clock-skew",
         }
     }
 
@@ -75,6 +95,11 @@ impl Scenario {
             Scenario::RouterPause => router_pause::ABOUT,
             Scenario::GarbageMetrics => garbage_metrics::ABOUT,
             Scenario::ClientAbort => client_abort::ABOUT,
+            Scenario::NetPartition => net_partition::ABOUT,
+            Scenario::NetFaults => net_faults::ABOUT,
+            Scenario::RouterRolling => router_rolling::ABOUT,
+            Scenario::Overload => overload::ABOUT,
+            Scenario::ClockSkew => clock_skew::ABOUT,
         }
     }
 
@@ -95,6 +120,11 @@ impl Scenario {
             Scenario::RouterPause => router_pause::plan(o),
             Scenario::GarbageMetrics => garbage_metrics::plan(o),
             Scenario::ClientAbort => client_abort::plan(o),
+            Scenario::NetPartition => net_partition::plan(o),
+            Scenario::NetFaults => net_faults::plan(o),
+            Scenario::RouterRolling => router_rolling::plan(o),
+            Scenario::Overload => overload::plan(o),
+            Scenario::ClockSkew => clock_skew::plan(o),
         }
     }
 
@@ -110,6 +140,11 @@ impl Scenario {
             Scenario::RouterPause => router_pause::inject(ctx).await,
             Scenario::GarbageMetrics => garbage_metrics::inject(ctx).await,
             Scenario::ClientAbort => client_abort::inject(ctx).await,
+            Scenario::NetPartition => net_partition::inject(ctx).await,
+            Scenario::NetFaults => net_faults::inject(ctx).await,
+            Scenario::RouterRolling => router_rolling::inject(ctx).await,
+            Scenario::Overload => overload::inject(ctx).await,
+            Scenario::ClockSkew => clock_skew::inject(ctx).await,
         }
     }
 
@@ -125,6 +160,11 @@ impl Scenario {
             Scenario::RouterPause => router_pause::checks(f),
             Scenario::GarbageMetrics => garbage_metrics::checks(f),
             Scenario::ClientAbort => client_abort::checks(f),
+            Scenario::NetPartition => net_partition::checks(f),
+            Scenario::NetFaults => net_faults::checks(f),
+            Scenario::RouterRolling => router_rolling::checks(f),
+            Scenario::Overload => overload::checks(f),
+            Scenario::ClockSkew => clock_skew::checks(f),
         }
     }
 

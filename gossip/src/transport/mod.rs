@@ -509,7 +509,12 @@ impl Transport {
             Ok(d) => self.hub.emit(MeshEvent::Datagram {
                 node: ctx.node_id.clone(),
                 value: d.value,
-                age: crate::clock::age_since(d.published_at_ms),
+                age: self.hub.skew.datagram_age(
+                    &ctx.node_id,
+                    d.published_at_ms,
+                    crate::clock::now_ms(),
+                    Instant::now(),
+                ),
             }),
             Err(r) => self.counters.reject(r),
         }

@@ -235,6 +235,10 @@ impl Edge {
                 conn.run(tcp).await;
             });
         }
+        // Close the listening socket before draining: new connections are refused at
+        // once (a client moves to the next address) instead of waiting in a backlog
+        // nobody accepts from.
+        drop(listener);
         tracker.close();
         tracker.wait().await;
         Ok(())

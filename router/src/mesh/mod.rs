@@ -675,6 +675,7 @@ impl MeshRuntime {
                     "keys": m.keys,
                     "inflight_replicas": inflight.map(|x| x.0),
                     "inflight_age_s": inflight.map(|x| x.1),
+                    "clock_skew_ms": if m.is_self { None } else { mesh.clock_skew_ms(&m.node_id) },
                 })
             })
             .collect();
