@@ -74,6 +74,50 @@ impl ServedModels {
     }
 }
 
+/// What a replica does in a disaggregated (prefill/decode) fleet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Prefills prompts and hands their KV cache to a decode replica (vLLM
+    /// `kv_transfer_params.do_remote_decode`); never decodes a client's output.
+    Prefill,
+    /// Decodes after a remote prefill (`do_remote_prefill`); serves whole requests too
+    /// where no `both` replica can (it prefills locally).
+    Decode,
+    /// Serves whole requests (the unified engine).
+    #[default]
+    Both,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Both => "both",
+        }
+    }
+
+    /// Whether it takes a whole request (prefill and decode on one engine).
+    pub fn serves_unified(self) -> bool {
+        self != Role::Prefill
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            "both" => Ok(Role::Both),
+            other => Err(format!(
+                "role `{other}` is not one of prefill, decode, both"
+            )),
+        }
+    }
+}
+
 /// Peers' load on a replica and when it was last refreshed (node time axis).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PeerLoad {
@@ -103,6 +147,10 @@ pub trait ReplicaView: Send + Sync + std::fmt::Debug {
     fn ledger(&self) -> &Arc<Ledger>;
     /// This replica's insertion cursor in the node's prefix index.
     fn prefix_cursor(&self) -> &AtomicU64;
+    /// Its part in a disaggregated fleet (`both` unless configured).
+    fn role(&self) -> Role {
+        Role::Both
+    }
 }
 
 impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
@@ -136,6 +184,9 @@ impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
     fn prefix_cursor(&self) -> &AtomicU64 {
         (**self).prefix_cursor()
     }
+    fn role(&self) -> Role {
+        (**self).role()
+    }
 }
 
 /// A replica held in plain fields: what the simulator and tests fill directly.
@@ -151,6 +202,7 @@ pub struct PlainReplica {
     pub peer_load: PeerLoad,
     pub ledger: Arc<Ledger>,
     pub prefix_cursor: AtomicU64,
+    pub role: Role,
 }
 
 impl PlainReplica {
@@ -175,6 +227,7 @@ impl PlainReplica {
             peer_load: PeerLoad::default(),
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),
+            role: Role::Both,
         }
     }
 }
@@ -209,5 +262,8 @@ impl ReplicaView for PlainReplica {
     }
     fn prefix_cursor(&self) -> &AtomicU64 {
         &self.prefix_cursor
+    }
+    fn role(&self) -> Role {
+        self.role
     }
 }

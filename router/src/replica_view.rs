@@ -9,7 +9,7 @@ use std::sync::{Arc, atomic::AtomicU64};
 use headroom_core::{
     ledger::Ledger,
     scraped::Scraped,
-    view::{PeerLoad, ReplicaView, Serving},
+    view::{PeerLoad, ReplicaView, Role, Serving},
 };
 use headroom_predictor::ReplicaKey;
 
@@ -45,5 +45,8 @@ impl ReplicaView for Replica {
     }
     fn prefix_cursor(&self) -> &AtomicU64 {
         &self.prefix_cursor
+    }
+    fn role(&self) -> Role {
+        self.role
     }
 }

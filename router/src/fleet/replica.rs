@@ -20,6 +20,8 @@ pub struct Replica {
     pub class: String,
     pub class_key: u64,
     pub region: String,
+    /// Its part in a disaggregated fleet.
+    pub role: headroom_core::view::Role,
     pub max_batched_tokens: Option<u32>,
     pub ledger: Arc<Ledger>,
     /// Insertion cursor of this replica in the prefix index.
@@ -58,6 +60,7 @@ impl Replica {
             name,
             class,
             region: rc.region.clone().unwrap_or_else(|| "local".into()),
+            role: rc.role,
             max_batched_tokens: rc.max_batched_tokens,
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),
