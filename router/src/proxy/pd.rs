@@ -420,3 +420,32 @@ fn pair_headers(h: &mut HeaderMap, plan: &PdPlan, planned: bool) {
         h.remove("x-headroom-predicted-ttft-upper-ms");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_two_stage_bodies_have_vllms_shapes() {
+        let client = json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 64, "max_tokens": 64, "min_tokens": 8,
+            "stream": true, "stream_options": {"include_usage": true},
+        });
+        let p = prefill_body(&client);
+        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(p["kv_transfer_params"]["do_remote_prefill"], false);
+        assert!(p["kv_transfer_params"]["remote_engine_id"].is_null());
+        assert_eq!((p["max_tokens"].clone(), p["max_completion_tokens"].clone()), (json!(1), json!(1)));
+        assert_eq!(p["stream"], false);
+        assert!(p.get("stream_options").is_none() && p.get("min_tokens").is_none());
+        assert_eq!(p["messages"], client["messages"]);
+        // The decode gets the client's request untouched, plus P's params.
+        let params = json!({"do_remote_prefill": true, "remote_engine_id": "e", "remote_block_ids": [1, 2]});
+        let d = decode_body(&client, &params);
+        assert_eq!(d["kv_transfer_params"], params);
+        let mut back = d.clone();
+        back.as_object_mut().unwrap().remove("kv_transfer_params");
+        assert_eq!(back, client);
+    }
+}
