@@ -270,7 +270,10 @@ async fn pd_through_the_router_loses_nothing_when_a_prefill_and_a_decode_die() {
             d.prefill.as_deref().is_some_and(|p| p.starts_with('p')),
             "{d:?}"
         );
-        assert!(d.decode.as_deref().is_some_and(|p| p.starts_with('d')), "{d:?}");
+        assert!(
+            d.decode.as_deref().is_some_and(|p| p.starts_with('d')),
+            "{d:?}"
+        );
     }
     let per = |f: fn(&Done) -> Option<String>| {
         let mut m: HashMap<String, usize> = HashMap::new();
@@ -279,7 +282,10 @@ async fn pd_through_the_router_loses_nothing_when_a_prefill_and_a_decode_die() {
         }
         m
     };
-    println!("phase 1 prefill placements {:?}", per(|d| d.prefill.clone()));
+    println!(
+        "phase 1 prefill placements {:?}",
+        per(|d| d.prefill.clone())
+    );
     println!("phase 1 decode placements {:?}", per(|d| d.decode.clone()));
     // Forecast error on the warm half's streamed P/D placements.
     let warm = &ok[ok.len() / 2..];
@@ -300,7 +306,10 @@ async fn pd_through_the_router_loses_nothing_when_a_prefill_and_a_decode_die() {
         mape(&ttft),
         mape(&tpot)
     );
-    assert!(!ttft.is_empty() && !tpot.is_empty(), "no forecasts to score");
+    assert!(
+        !ttft.is_empty() && !tpot.is_empty(),
+        "no forecasts to score"
+    );
 
     // Kill one prefill and one decode replica once 8 of the next 40 finished.
     let p0 = procs.remove("p0").expect("p0");
@@ -312,7 +321,10 @@ async fn pd_through_the_router_loses_nothing_when_a_prefill_and_a_decode_die() {
     let phase2 = run(&url, 200, 40, Some((8, kill))).await;
     let lost: Vec<_> = phase2.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(lost.is_empty(), "phase 2 lost {}: {lost:?}", lost.len());
-    let late: Vec<&Done> = phase2[30..].iter().filter_map(|r| r.as_ref().ok()).collect();
+    let late: Vec<&Done> = phase2[30..]
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .collect();
     for d in &late {
         assert_eq!(d.prefill.as_deref(), Some("p1"), "{d:?}");
         assert_eq!(d.decode.as_deref(), Some("d1"), "{d:?}");

@@ -75,7 +75,9 @@ impl ServedModels {
 }
 
 /// What a replica does in a disaggregated (prefill/decode) fleet.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Prefills prompts and hands their KV cache to a decode replica (vLLM

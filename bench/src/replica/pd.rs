@@ -93,7 +93,12 @@ pub fn parse(body: &Value) -> Result<Option<KvTransfer>, ApiError> {
         )),
         (true, false) => Ok(Some(KvTransfer::Prefill)),
         (false, true) => {
-            for k in ["remote_engine_id", "remote_request_id", "remote_host", "remote_port"] {
+            for k in [
+                "remote_engine_id",
+                "remote_request_id",
+                "remote_host",
+                "remote_port",
+            ] {
                 if p.get(k).is_none_or(Value::is_null) {
                     return Err(bad(&format!(
                         "do_remote_prefill needs `{k}` (the prefill response's kv_transfer_params)"
@@ -183,6 +188,13 @@ mod tests {
         let m = PdEmulation::default();
         // 4096 tokens × 128 KiB over 10 GB/s = 53.7 ms, + 1 ms.
         assert!((m.transfer_s(4096) - 0.054_687).abs() < 1e-5);
-        assert!(PdEmulation { transfer_gbytes_per_s: 0.0, ..m }.validate().is_err());
+        assert!(
+            PdEmulation {
+                transfer_gbytes_per_s: 0.0,
+                ..m
+            }
+            .validate()
+            .is_err()
+        );
     }
 }

@@ -258,7 +258,8 @@ async fn generate(
         Ok(sse_response(g))
     } else if req.kv_transfer == Some(KvTransfer::Prefill) {
         let resp = collect(g).await?;
-        let params = pd::prefill_response_params(&s.engine_id, &remote_request_id, n_blocks, n_prompt);
+        let params =
+            pd::prefill_response_params(&s.engine_id, &remote_request_id, n_blocks, n_prompt);
         with_kv_transfer_params(resp, params).await
     } else {
         collect(g).await

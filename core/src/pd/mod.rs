@@ -237,8 +237,7 @@ pub fn plan<R: ReplicaView>(
     let transfer = |i: usize, j: usize| {
         let tokens = n.saturating_sub(d_cached[j]);
         (
-            pd.links
-                .estimate(ps.learn[i].key, ds.learn[j].key, tokens),
+            pd.links.estimate(ps.learn[i].key, ds.learn[j].key, tokens),
             tokens,
         )
     };
@@ -257,7 +256,10 @@ pub fn plan<R: ReplicaView>(
             rng,
         );
         let d_order = crate::policy::rank::by_cost(
-            &ds.cands.iter().map(|c| c.load().requests).collect::<Vec<_>>(),
+            &ds.cands
+                .iter()
+                .map(|c| c.load().requests)
+                .collect::<Vec<_>>(),
             rng,
         );
         let (i, j) = (p_order[0], d_order[0]);
@@ -302,8 +304,8 @@ pub fn plan<R: ReplicaView>(
     // A unified placement that fits, or fares at least as well, keeps the request whole.
     if !both.is_empty() {
         let ub = best_unified(profile, &both, &snap);
-        let pair_better =
-            best.tier < ub.tier || (best.tier == ub.tier && best.p_violate + pd.slo.near_equal < ub.p_violate);
+        let pair_better = best.tier < ub.tier
+            || (best.tier == ub.tier && best.p_violate + pd.slo.near_equal < ub.p_violate);
         if ub.tier == 0 || !pair_better {
             return Ok(None);
         }
@@ -395,7 +397,9 @@ fn pick_band(
     let band: Vec<usize> = ranked
         .iter()
         .copied()
-        .filter(|&k| evals[k].tier == first.tier && evals[k].p_violate <= first.p_violate + slo.near_equal)
+        .filter(|&k| {
+            evals[k].tier == first.tier && evals[k].p_violate <= first.p_violate + slo.near_equal
+        })
         .collect();
     let cheapest = band
         .iter()

@@ -171,7 +171,10 @@ fn the_pair_forecast_adds_prefill_transfer_and_a_decode_step() {
 fn short_prompts_and_fleets_without_both_stages_run_unified() {
     let rs = fleet(&[Role::Prefill, Role::Decode, Role::Both]);
     let pred = trained(&rs);
-    assert!(run(&rs, &pred, &req(200, 2000.0), 1).is_none(), "short prompt");
+    assert!(
+        run(&rs, &pred, &req(200, 2000.0), 1).is_none(),
+        "short prompt"
+    );
     let no_decode = fleet(&[Role::Prefill, Role::Both]);
     assert!(run(&no_decode, &trained(&no_decode), &req(4000, 2000.0), 1).is_none());
 }
@@ -187,8 +190,14 @@ fn a_cold_fleet_disaggregates_long_prompts_onto_the_least_loaded_pair() {
     assert_eq!(plan.prefill[0].index, 1, "the idle prefill replica");
     assert_eq!(plan.decode[0].index, 2, "the idle decode replica");
     // Retries go to the other replica of the same role, never across roles.
-    assert_eq!(plan.prefill.iter().map(|t| t.index).collect::<Vec<_>>(), [1, 0]);
-    assert_eq!(plan.decode.iter().map(|t| t.index).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(
+        plan.prefill.iter().map(|t| t.index).collect::<Vec<_>>(),
+        [1, 0]
+    );
+    assert_eq!(
+        plan.decode.iter().map(|t| t.index).collect::<Vec<_>>(),
+        [2, 3]
+    );
     // D learns as if the prompt arrived cached; P as one output token.
     assert_eq!(plan.decode[0].cached_tokens, 3999);
     assert_eq!(plan.prefill[0].learn.obs.expected_output_tokens, 1.0);

@@ -180,7 +180,12 @@ async fn prefill(
             .map_err(|_| PrefillEnd::Failed("request"))?;
         let dispatched = Instant::now();
         let answer = tokio::time::timeout(node.cfg.proxy.first_byte_timeout(), async {
-            let resp = node.fleet.client.request(req).await.map_err(|_| "connect")?;
+            let resp = node
+                .fleet
+                .client
+                .request(req)
+                .await
+                .map_err(|_| "connect")?;
             let status = resp.status();
             let (parts, body) = resp.into_parts();
             let bytes = Limited::new(body, MAX_PREFILL_RESPONSE_BYTES)
@@ -382,7 +387,10 @@ pub async fn forward(
                 }
                 return Ok(out);
             }
-            Sent::Failed { reason, last_error: e } => {
+            Sent::Failed {
+                reason,
+                last_error: e,
+            } => {
                 last_reason = reason;
                 last_error = e;
                 // Never reached: the KV still waits on P for the next decode replica.
@@ -436,12 +444,16 @@ mod tests {
         assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
         assert_eq!(p["kv_transfer_params"]["do_remote_prefill"], false);
         assert!(p["kv_transfer_params"]["remote_engine_id"].is_null());
-        assert_eq!((p["max_tokens"].clone(), p["max_completion_tokens"].clone()), (json!(1), json!(1)));
+        assert_eq!(
+            (p["max_tokens"].clone(), p["max_completion_tokens"].clone()),
+            (json!(1), json!(1))
+        );
         assert_eq!(p["stream"], false);
         assert!(p.get("stream_options").is_none() && p.get("min_tokens").is_none());
         assert_eq!(p["messages"], client["messages"]);
         // The decode gets the client's request untouched, plus P's params.
-        let params = json!({"do_remote_prefill": true, "remote_engine_id": "e", "remote_block_ids": [1, 2]});
+        let params =
+            json!({"do_remote_prefill": true, "remote_engine_id": "e", "remote_block_ids": [1, 2]});
         let d = decode_body(&client, &params);
         assert_eq!(d["kv_transfer_params"], params);
         let mut back = d.clone();
