@@ -87,7 +87,7 @@ fn header(r: &reqwest::Response, k: &str) -> Option<String> {
 
 /// Sends one request; `Err` says how it was lost (status, broken or short stream).
 async fn send(c: &reqwest::Client, url: &str, i: usize, words: usize) -> Result<Done, String> {
-    let (stream, chat) = (i % 2 == 0, i % 4 < 2);
+    let (stream, chat) = (i.is_multiple_of(2), i % 4 < 2);
     let path = if chat {
         "/v1/chat/completions"
     } else {
