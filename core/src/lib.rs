@@ -8,7 +8,7 @@
 //! [`explain`] what it knew, for the operator's record)
 //! → [`lifecycle`] (admit, dispatch, finish); [`ledger`] (this node's in-flight work
 //! per replica), [`prefix`] (which replica holds which prompt blocks), [`blocks`]
-//! (prompt block hashes), [`output`] (output-length estimate), [`scraped`] (engine
+//! (prompt block hashes), [`pd`] (the prefill/decode pair and whether to disaggregate), [`output`] (output-length estimate), [`scraped`] (engine
 //! state), [`region`] (where a replica is, what the distance costs, regions' summaries). No async runtime, no HTTP: time comes in as `now_s`, randomness as an rng.
 
 pub mod admission;
@@ -18,6 +18,7 @@ pub mod explain;
 pub mod ledger;
 pub mod lifecycle;
 pub mod output;
+pub mod pd;
 pub mod policy;
 pub mod prefix;
 pub mod region;

@@ -74,6 +74,52 @@ impl ServedModels {
     }
 }
 
+/// What a replica does in a disaggregated (prefill/decode) fleet.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Prefills prompts and hands their KV cache to a decode replica (vLLM
+    /// `kv_transfer_params.do_remote_decode`); never decodes a client's output.
+    Prefill,
+    /// Decodes after a remote prefill (`do_remote_prefill`); serves whole requests too
+    /// where no `both` replica can (it prefills locally).
+    Decode,
+    /// Serves whole requests (the unified engine).
+    #[default]
+    Both,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Both => "both",
+        }
+    }
+
+    /// Whether it takes a whole request (prefill and decode on one engine).
+    pub fn serves_unified(self) -> bool {
+        self != Role::Prefill
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            "both" => Ok(Role::Both),
+            other => Err(format!(
+                "role `{other}` is not one of prefill, decode, both"
+            )),
+        }
+    }
+}
+
 /// Peers' load on a replica and when it was last refreshed (node time axis).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PeerLoad {
@@ -108,6 +154,10 @@ pub trait ReplicaView: Send + Sync + std::fmt::Debug {
     /// ([`crate::region`]).
     fn remote_rtt_ms(&self) -> Option<f64> {
         None
+    }
+    /// Its part in a disaggregated fleet (`both` unless configured).
+    fn role(&self) -> Role {
+        Role::Both
     }
 }
 
@@ -145,6 +195,9 @@ impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
     fn remote_rtt_ms(&self) -> Option<f64> {
         (**self).remote_rtt_ms()
     }
+    fn role(&self) -> Role {
+        (**self).role()
+    }
 }
 
 /// A replica held in plain fields: what the simulator and tests fill directly.
@@ -162,6 +215,7 @@ pub struct PlainReplica {
     pub prefix_cursor: AtomicU64,
     /// In another region than the node's, this far (round trip, ms); `None` in region.
     pub remote_rtt_ms: Option<f64>,
+    pub role: Role,
 }
 
 impl PlainReplica {
@@ -187,6 +241,7 @@ impl PlainReplica {
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),
             remote_rtt_ms: None,
+            role: Role::Both,
         }
     }
 }
@@ -224,5 +279,8 @@ impl ReplicaView for PlainReplica {
     }
     fn remote_rtt_ms(&self) -> Option<f64> {
         self.remote_rtt_ms
+    }
+    fn role(&self) -> Role {
+        self.role
     }
 }

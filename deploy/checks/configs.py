@@ -15,7 +15,7 @@ from .report import CheckError, collect
 SOURCES = [
     "router/src/config.rs", "router/src/mesh/mod.rs", "router/src/edge/mod.rs",
     "core/src/policy/slo.rs", "core/src/policy/baselines.rs",
-    "core/src/policy/peers/llmd_predicted.rs", "core/src/region.rs", "predictor/src/config.rs",
+    "core/src/policy/peers/llmd_predicted.rs", "core/src/region.rs", "core/src/pd/mod.rs", "predictor/src/config.rs",
 ]
 ROOT = "RouterConfig"
 _STRUCT = re.compile(r"pub struct (\w+)\s*\{(.*?)\n\}", re.S)

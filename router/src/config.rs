@@ -54,6 +54,8 @@ pub struct RouterConfig {
     pub prediction_headers: bool,
     /// The `slo` policy's knobs.
     pub slo: SloConfig,
+    /// Prefill/decode disaggregation (replicas with `role = "prefill"` / `"decode"`).
+    pub pd: headroom_core::pd::PdConfig,
     /// The `prefix-affinity` baseline's knobs.
     pub prefix_affinity: PrefixAffinity,
     /// The `llmd-predicted` reference policy's knobs (llm-d's chart defaults).
@@ -104,6 +106,7 @@ impl Default for RouterConfig {
             tenants: Vec::new(),
             seed: 0,
             prediction_headers: true,
+            pd: headroom_core::pd::PdConfig::default(),
             slo: SloConfig::default(),
             prefix_affinity: PrefixAffinity::default(),
             llmd_predicted: LlmdPredictedConfig::default(),
@@ -212,6 +215,9 @@ pub struct ReplicaConfig {
     /// Region the replica lives in; none: the node's (`mesh.region`).
     #[serde(default)]
     pub region: Option<String>,
+    /// `prefill`, `decode` or `both` (default): its part in a disaggregated fleet.
+    #[serde(default)]
+    pub role: headroom_core::view::Role,
     /// The engine's `max_num_batched_tokens`, if known (vLLM does not export it).
     #[serde(default)]
     pub max_batched_tokens: Option<u32>,
@@ -234,7 +240,7 @@ pub struct ReplicaConfig {
 
 impl ReplicaConfig {
     /// Parses the `--replica` flag form: `URL[,key=value...]`, keys `name`, `class`,
-    /// `region`, `max_batched_tokens`, `kv-events`, `kv-replay`, `kv-topic`,
+    /// `region`, `role` (`prefill`, `decode`, `both`), `max_batched_tokens`, `kv-events`, `kv-replay`, `kv-topic`,
     /// `kv-block-size` (`-` and `_` alike).
     pub fn parse_flag(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
@@ -264,6 +270,7 @@ impl ReplicaConfig {
                 }
                 "class" => rc.class = Some(v),
                 "region" => rc.region = Some(v),
+                "role" => rc.role = v.parse()?,
                 "max_batched_tokens" => {
                     rc.max_batched_tokens = Some(
                         v.parse()
@@ -289,6 +296,9 @@ pub struct DnsDiscovery {
     /// Region of the replicas the name resolves to; none: the node's.
     #[serde(default)]
     pub region: Option<String>,
+    /// Role of every replica the name resolves to (`both` by default).
+    #[serde(default)]
+    pub role: headroom_core::view::Role,
 }
 
 fn default_dns_interval_ms() -> u64 {
@@ -653,6 +663,11 @@ mod tests {
         assert_eq!(r.class.as_deref(), Some("h100"));
         assert_eq!(r.max_batched_tokens, Some(8192));
         assert!(ReplicaConfig::parse_flag("http://x,bogus=1").is_err());
+        let pd = ReplicaConfig::parse_flag("http://x,role=prefill,region=eu-1").unwrap();
+        assert_eq!(pd.role, headroom_core::view::Role::Prefill);
+        assert_eq!(pd.region.as_deref(), Some("eu-1"));
+        let e = ReplicaConfig::parse_flag("http://x,role=decoder").unwrap_err();
+        assert!(e.contains("prefill, decode, both"), "{e}");
         assert!(ReplicaConfig::parse_flag("http://x,max_batched_tokens=lots").is_err());
         let k = ReplicaConfig::parse_flag(
             "http://x,kv-events=tcp://10.0.0.5:5557,kv_replay=tcp://10.0.0.5:5558,kv-topic=kv,kv-block-size=32",

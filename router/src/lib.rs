@@ -36,8 +36,11 @@ pub mod validate;
 // The routing core, under the paths the rest of the router has always used.
 pub use headroom_core::{decide, ledger, lifecycle, policy, prefix};
 
-/// Response header naming the replica that served (or failed) a request.
+/// Response header naming the replica that served (or failed) a request; for a
+/// disaggregated request, the decode replica.
 pub const REPLICA_HEADER: &str = "x-headroom-replica";
+/// Response header naming the prefill replica of a disaggregated request.
+pub const PREFILL_REPLICA_HEADER: &str = "x-headroom-prefill-replica";
 /// Response header with the prompt tokens the router counted for the request (exact
 /// with the model's `hf:` tokenizer), sent with the prediction headers.
 pub const PROMPT_TOKENS_HEADER: &str = "x-headroom-prompt-tokens";

@@ -53,7 +53,8 @@ struct ServeArgs {
     config: Option<PathBuf>,
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Replica `URL[,name=..,class=..,region=..,max_batched_tokens=..]` (repeatable).
+    /// Replica `URL[,name=..,class=..,region=..,role=prefill|decode|both,max_batched_tokens=..]`
+    /// (repeatable).
     #[arg(long = "replica")]
     replicas: Vec<String>,
     /// Replicas from DNS: `host:port`, re-resolved periodically.
@@ -147,6 +148,7 @@ fn serve_config(a: ServeArgs) -> anyhow::Result<RouterConfig> {
             interval_ms: 5_000,
             class: None,
             region: None,
+            role: Default::default(),
         });
     }
     if let Some(p) = a.policy {

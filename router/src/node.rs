@@ -47,6 +47,8 @@ pub struct Node {
     pub deferred: Arc<Deferrals>,
     /// The admission gate (tenants' rates, concurrency, shares and queue).
     pub gate: Arc<headroom_core::admission::Gate>,
+    /// The prefill→decode links' KV transfer times, learned from measured transfers.
+    pub pd_links: headroom_core::pd::Links,
     /// Decisions made so far (each seeded decision draws from its own stream).
     decisions: std::sync::atomic::AtomicU64,
     tokenizers: HashMap<String, Tokenizer>,
@@ -106,6 +108,7 @@ impl Node {
             mesh: Default::default(),
             deferred: Deferrals::new(),
             gate: headroom_core::admission::Gate::new(cfg.admission.gate()),
+            pd_links: headroom_core::pd::Links::new(cfg.pd.link_model()),
             decision_records: crate::decisions::DecisionRing::new(cfg.decision_records),
             request_log: match &cfg.request_log {
                 Some(p) => Some(crate::request_log::RequestLog::open(

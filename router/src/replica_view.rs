@@ -9,7 +9,7 @@ use std::sync::{Arc, atomic::AtomicU64};
 use headroom_core::{
     ledger::Ledger,
     scraped::Scraped,
-    view::{PeerLoad, ReplicaView, Serving},
+    view::{PeerLoad, ReplicaView, Role, Serving},
 };
 use headroom_predictor::ReplicaKey;
 
@@ -48,5 +48,8 @@ impl ReplicaView for Replica {
     }
     fn remote_rtt_ms(&self) -> Option<f64> {
         self.remote_rtt_ms
+    }
+    fn role(&self) -> Role {
+        self.role
     }
 }

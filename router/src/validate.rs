@@ -289,7 +289,17 @@ fn proxy(cfg: &RouterConfig, p: &mut Problems) {
     }
 }
 
+/// `[pd]`: a transfer model that cannot produce a NaN or a negative time.
+fn pd(cfg: &RouterConfig, p: &mut Problems) {
+    let d = &cfg.pd;
+    p.range("pd.kv_bytes_per_token", d.kv_bytes_per_token, 1.0, 1e9);
+    p.range("pd.link_gbytes_per_s", d.link_gbytes_per_s, 1e-3, 1e6);
+    p.range("pd.link_latency_ms", d.link_latency_ms, 0.0, 60_000.0);
+    p.range("pd.link_learning_rate", d.link_learning_rate, 1e-3, 1.0);
+}
+
 fn policies(cfg: &RouterConfig, p: &mut Problems) {
+    pd(cfg, p);
     let s = &cfg.slo;
     p.range("slo.near_equal", s.near_equal, 0.0, 1.0);
     p.range("slo.cost_tolerance", s.cost_tolerance, 0.0, 100.0);
@@ -480,6 +490,12 @@ mod tests {
         assert!(e.contains("`slo.defer_budget` = -1"), "{e}");
         assert!(e.contains("`slo.explore` = 5"), "{e}");
         assert!(e.contains("`proxy.first_byte_timeout_ms` = 0"), "{e}");
+        let e = problems(|c| {
+            c.pd.link_gbytes_per_s = 0.0;
+            c.pd.kv_bytes_per_token = f64::NAN;
+        });
+        assert!(e.contains("`pd.link_gbytes_per_s` = 0"), "{e}");
+        assert!(e.contains("`pd.kv_bytes_per_token` = NaN"), "{e}");
     }
 
     #[test]

@@ -87,6 +87,20 @@ struct Args {
     /// Batches the replay endpoint keeps (vLLM's buffer_steps).
     #[arg(long, default_value_t = 10_000)]
     kv_events_buffer_steps: usize,
+    /// Part in disaggregated serving: `prefill` (answers vLLM NixlConnector
+    /// `do_remote_decode` requests with `kv_transfer_params`), `decode` (takes them
+    /// back and pulls the KV instead of prefilling) or `both`.
+    #[arg(long, default_value = "both")]
+    role: headroom_core::view::Role,
+    /// KV cache bytes per token of the served model (K and V, all layers).
+    #[arg(long, default_value_t = 131_072.0)]
+    kv_bytes_per_token: f64,
+    /// P→D link bandwidth for KV transfers (GB/s).
+    #[arg(long, default_value_t = 10.0)]
+    transfer_gbytes_per_s: f64,
+    /// P→D link latency for KV transfers (ms).
+    #[arg(long, default_value_t = 1.0)]
+    transfer_latency_ms: f64,
 }
 
 fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
@@ -136,6 +150,12 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
                 buffer_steps: args.kv_events_buffer_steps,
             }
         }),
+        pd: headroom_bench::replica::pd::PdEmulation {
+            role: args.role,
+            kv_bytes_per_token: args.kv_bytes_per_token,
+            transfer_gbytes_per_s: args.transfer_gbytes_per_s,
+            transfer_latency_ms: args.transfer_latency_ms,
+        },
     };
     cfg.validate()?;
     Ok(cfg)

@@ -166,6 +166,25 @@ impl Engine {
         self.pool.cached_prefix(block_hashes)
     }
 
+    /// Receives a remote prefill's blocks (a KV transfer) into the prefix cache: each
+    /// hash not held yet takes a free block, is published and left evictable, so the
+    /// request that follows hits it instead of prefilling. Returns how many blocks
+    /// were pulled (those already held move nothing).
+    pub fn import_blocks(&mut self, block_hashes: &[u64]) -> u32 {
+        let mut pulled = 0;
+        for &h in block_hashes {
+            if self.pool.lookup(h).is_some() {
+                continue;
+            }
+            let Some(b) = self.pool.allocate() else {
+                break;
+            };
+            pulled += u32::from(self.pool.register(b, h));
+            self.pool.release(b);
+        }
+        pulled
+    }
+
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
     }

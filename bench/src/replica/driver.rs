@@ -53,6 +53,12 @@ pub enum Command {
         kv: Option<KvPrompt>,
     },
     Abort(u64),
+    /// A KV transfer from a remote prefill arrived: these prompt blocks enter the
+    /// prefix cache; the reply says how many were not already held.
+    Import {
+        block_hashes: Vec<u64>,
+        reply: tokio::sync::oneshot::Sender<u32>,
+    },
 }
 
 /// Everything the driver task owns.
@@ -102,6 +108,12 @@ impl State {
                         let _ = tx.try_send(Delivery::Rejected(e.to_string()));
                     }
                 }
+            }
+            Command::Import {
+                block_hashes,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.import_blocks(&block_hashes));
             }
             Command::Abort(id) => {
                 if self.senders.remove(&id).is_some() {

@@ -4,7 +4,8 @@
 //! Layout: one driver task owns the engine ([`driver`]); axum handlers parse and
 //! validate requests ([`request`]), tokenize ([`tokenize`]), submit over a bounded
 //! channel and turn token deliveries into SSE or JSON ([`stream`], [`response`]).
-//! `/metrics` serves vLLM's metric names ([`metrics`]); `/admin/faults` sets the
+//! `/metrics` serves vLLM's metric names ([`metrics`]); `--role prefill|decode` serves
+//! vLLM's NixlConnector disaggregated flow with a KV transfer model ([`pd`]); `/admin/faults` sets the
 //! fault knobs ([`faults`]). With `kv_events` set, the engine's prefix-cache
 //! changes are published as vLLM KV events ([`kv_events`]) and `/kv_event_sources`
 //! describes the publisher as vLLM's does.
@@ -19,6 +20,7 @@ pub mod faults;
 pub mod generation;
 pub mod kv_events;
 pub mod metrics;
+pub mod pd;
 pub mod request;
 pub mod response;
 pub mod server;
@@ -64,6 +66,8 @@ pub struct ReplicaConfig {
     pub faults: Faults,
     /// Publish KV events (vLLM's `--kv-events-config`), if set.
     pub kv_events: Option<kv_events::KvEventsOptions>,
+    /// Prefill/decode role and KV transfer model.
+    pub pd: pd::PdEmulation,
 }
 
 /// Why the emulator could not start or keep serving.
@@ -99,6 +103,7 @@ impl ReplicaConfig {
             ));
         }
         self.faults.validate().map_err(ReplicaError::Config)?;
+        self.pd.validate().map_err(ReplicaError::Config)?;
         self.profile.validate()?;
         Ok(())
     }
@@ -178,6 +183,9 @@ pub async fn serve(
         next_id: AtomicU64::new(0),
         cancel: cancel.clone(),
         kv_event_sources,
+        pd: config.pd,
+        engine_id: format!("headroom-replica-{:016x}", config.seed),
+        time_scale: config.time_scale,
     });
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {

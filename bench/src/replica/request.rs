@@ -42,6 +42,8 @@ pub struct ParsedRequest {
     /// `max_tokens` says, so a router sees a realistic `max_tokens` while the output
     /// length follows the trace. Real engines ignore unknown fields.
     pub emulator_output_tokens: Option<u32>,
+    /// vLLM's `kv_transfer_params` (disaggregated prefill/decode), if any.
+    pub kv_transfer: Option<super::pd::KvTransfer>,
 }
 
 fn opt_u32(body: &Value, key: &str, min: u32) -> Result<Option<u32>, ApiError> {
@@ -227,6 +229,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<ParsedRequest, ApiError
         ignore_eos: opt_bool(&body, "ignore_eos")?,
         seed,
         emulator_output_tokens: opt_u32(&body, "emulator_output_tokens", 1)?,
+        kv_transfer: super::pd::parse(&body)?,
     })
 }
 

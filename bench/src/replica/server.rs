@@ -22,6 +22,7 @@ use super::faults::{Faults, FaultsPatch};
 use super::generation::eos_after;
 use super::kv_events::KvPrompt;
 use super::metrics::ReplicaMetrics;
+use super::pd::{self, KvTransfer, PdEmulation};
 use super::request::{self, Endpoint};
 use super::response::Meta;
 use super::stream::{AbortGuard, Generation, collect, sse_response};
@@ -49,6 +50,12 @@ pub struct AppState {
     pub cancel: CancellationToken,
     /// `GET /kv_event_sources` (vLLM's shape) when KV events are published.
     pub kv_event_sources: Option<serde_json::Value>,
+    /// Prefill/decode role and KV transfer model.
+    pub pd: PdEmulation,
+    /// `remote_engine_id` in the prefill responses' `kv_transfer_params`.
+    pub engine_id: String,
+    /// Wall seconds per modelled second (the transfer wait is scaled by it).
+    pub time_scale: f64,
 }
 
 /// The emulator's router.
@@ -64,16 +71,32 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
-    generate(s, Endpoint::Completions, body)
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, Endpoint::Completions, request_id(&headers), body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Body) -> Response {
-    generate(s, Endpoint::Chat, body)
+async fn chat(
+    State(s): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, Endpoint::Chat, request_id(&headers), body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The client's `X-Request-Id` (vLLM uses it as the request's id), if valid text.
+fn request_id(h: &axum::http::HeaderMap) -> Option<String> {
+    h.get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
 }
 
 async fn read_body(body: Body) -> Result<axum::body::Bytes, ApiError> {
@@ -121,9 +144,17 @@ fn draw_faults(s: &AppState) -> (bool, bool) {
     (early, mid)
 }
 
-async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
+async fn generate(
+    s: Arc<AppState>,
+    endpoint: Endpoint,
+    request_id: Option<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let bytes = read_body(body).await?;
     let req = request::parse(endpoint, &bytes)?;
+    if let Some(t) = &req.kv_transfer {
+        pd::check_role(s.pd.role, t)?;
+    }
     let (served, adapter) = resolve_model(&s, req.model.clone())?;
     let (fail_early, fail_mid) = draw_faults(&s);
     if fail_early {
@@ -168,6 +199,10 @@ async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Re
             ),
         ));
     }
+    if let Some(KvTransfer::Decode { remote_num_tokens }) = req.kv_transfer {
+        receive_kv(&s, &hashes, remote_num_tokens.unwrap_or(n_prompt)).await?;
+    }
+    let n_blocks = hashes.len();
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     let seed = req.seed.unwrap_or_else(|| mix64(s.seed ^ mix64(id)));
     let eos = match req.emulator_output_tokens {
@@ -218,11 +253,59 @@ async fn generate(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Re
         seed,
         fail_after,
     };
+    let remote_request_id = request_id.unwrap_or_else(|| g.meta.id.clone());
     if req.stream {
         Ok(sse_response(g))
+    } else if req.kv_transfer == Some(KvTransfer::Prefill) {
+        let resp = collect(g).await?;
+        let params =
+            pd::prefill_response_params(&s.engine_id, &remote_request_id, n_blocks, n_prompt);
+        with_kv_transfer_params(resp, params).await
     } else {
         collect(g).await
     }
+}
+
+/// Pulls the remote prefill's blocks of this prompt (up to `remote_tokens` tokens)
+/// into the engine's cache, after the modelled transfer time of those not held.
+async fn receive_kv(s: &AppState, hashes: &[u64], remote_tokens: u32) -> Result<(), ApiError> {
+    let bs = s.block_size.max(1);
+    let n = hashes.len().min((remote_tokens / bs) as usize);
+    let (reply, pulled) = tokio::sync::oneshot::channel();
+    s.commands
+        .send(Command::Import {
+            block_hashes: hashes[..n].to_vec(),
+            reply,
+        })
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine is shut down"))?;
+    let pulled = pulled
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine is shut down"))?;
+    let wait = s.pd.transfer_s(pulled.saturating_mul(bs)) * s.time_scale;
+    tokio::select! {
+        _ = tokio::time::sleep(std::time::Duration::from_secs_f64(wait)) => Ok(()),
+        _ = s.cancel.cancelled() => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down")),
+    }
+}
+
+/// The prefill's JSON response with vLLM's `kv_transfer_params` member added.
+async fn with_kv_transfer_params(
+    resp: Response,
+    params: serde_json::Value,
+) -> Result<Response, ApiError> {
+    let (parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kv_transfer_params".into(), params);
+    }
+    let mut out = Json(v).into_response();
+    *out.status_mut() = parts.status;
+    Ok(out)
 }
 
 fn unix_now() -> u64 {

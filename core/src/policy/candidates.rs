@@ -7,7 +7,7 @@ use super::{Candidate, RequestProfile};
 use crate::{
     prefix::{Cursor, PrefixIndex},
     scraped::Scraped,
-    view::{ReplicaView, Serving},
+    view::{ReplicaView, Role, Serving},
 };
 
 /// Why no candidate is left.
@@ -36,13 +36,51 @@ pub struct CandidateParams {
     pub stale_after_s: f64,
 }
 
-/// Builds the eligible candidates for `req` at `now_s`.
+/// Builds the eligible candidates for `req` at `now_s` for a whole (unified) request:
+/// the `both` replicas; where none can take it, the decode replicas too (a decode
+/// engine prefills locally), so a pure prefill/decode fleet still serves short
+/// prompts and stream continuations. Prefill replicas never take a whole request.
 pub fn build_candidates<'a, R: ReplicaView>(
     req: &RequestProfile,
     replicas: &'a [R],
     prefix: &PrefixIndex,
     params: CandidateParams,
     now_s: f64,
+) -> Result<Vec<Candidate<'a>>, CandidateError> {
+    let both = build_candidates_where(req, replicas, prefix, params, now_s, |r| {
+        r.role() == Role::Both
+    });
+    match both {
+        Err(e) if replicas.iter().any(|r| r.role() == Role::Decode) => {
+            build_candidates_where(req, replicas, prefix, params, now_s, |r| {
+                r.role().serves_unified()
+            })
+            .map_err(|_| e)
+        }
+        other => other,
+    }
+}
+
+/// The eligible candidates of one role for a disaggregated request's stage.
+pub fn build_role_candidates<'a, R: ReplicaView>(
+    req: &RequestProfile,
+    replicas: &'a [R],
+    prefix: &PrefixIndex,
+    params: CandidateParams,
+    now_s: f64,
+    role: Role,
+) -> Result<Vec<Candidate<'a>>, CandidateError> {
+    build_candidates_where(req, replicas, prefix, params, now_s, |r| r.role() == role)
+}
+
+/// Candidates among the replicas `keep` admits; the others do not count as serving.
+fn build_candidates_where<'a, R: ReplicaView>(
+    req: &RequestProfile,
+    replicas: &'a [R],
+    prefix: &PrefixIndex,
+    params: CandidateParams,
+    now_s: f64,
+    keep: impl Fn(&R) -> bool,
 ) -> Result<Vec<Candidate<'a>>, CandidateError> {
     let mut serving = 0usize;
     // Replicas whose `/v1/models` never answered might serve the model: until every
@@ -54,6 +92,9 @@ pub fn build_candidates<'a, R: ReplicaView>(
         .saturating_add(req.max_tokens.unwrap_or(1).max(1));
     let mut out = Vec::with_capacity(replicas.len());
     for (index, r) in replicas.iter().enumerate() {
+        if !keep(r) {
+            continue;
+        }
         let max_len = match r.serving(&req.model) {
             Serving::NotYetKnown => {
                 unknown_lists += 1;

@@ -26,6 +26,8 @@ pub struct Replica {
     /// Set while a fresh summary from its (remote) region says no replica there is
     /// healthy (`mesh/regions.rs`): not routable whatever this node's probes say.
     pub region_dark: std::sync::atomic::AtomicBool,
+    /// Its part in a disaggregated fleet.
+    pub role: headroom_core::view::Role,
     pub max_batched_tokens: Option<u32>,
     pub ledger: Arc<Ledger>,
     /// Insertion cursor of this replica in the prefix index.
@@ -72,6 +74,7 @@ impl Replica {
             region: rc.region.clone().unwrap_or_else(|| node_region.to_string()),
             remote_rtt_ms: regions.remote_rtt_ms(node_region, rc.region.as_deref()),
             region_dark: Default::default(),
+            role: rc.role,
             max_batched_tokens: rc.max_batched_tokens,
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),

@@ -205,6 +205,7 @@ pub async fn dns_loop(fleet: Arc<Fleet>, d: DnsDiscovery, token: CancellationTok
                         name: None,
                         class: d.class.clone(),
                         region: d.region.clone(),
+                        role: d.role,
                         max_batched_tokens: None,
                         ..Default::default()
                     };

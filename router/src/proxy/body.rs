@@ -153,7 +153,7 @@ impl TrackedBody {
                         }
                         // The TTFT label is known now: learn it without waiting for the
                         // stream to end (long outputs would delay it by seconds).
-                        if let Some(l) = &t.learn {
+                        if let Some(l) = t.learn.as_ref().filter(|_| !t.ttft_learned) {
                             let ttft_s = first.duration_since(t.dispatched).as_secs_f64();
                             let reported = super::outcome::Reported {
                                 prompt_tokens: sc.chunk_prompt_tokens,

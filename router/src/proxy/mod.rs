@@ -9,6 +9,7 @@
 pub mod body;
 pub mod failover;
 pub mod outcome;
+pub mod pd;
 pub mod sse;
 
 use std::{sync::Arc, time::Instant};
@@ -49,7 +50,7 @@ const HOP: [&str; 6] = [
 type Replicas = Arc<Vec<Arc<Replica>>>;
 
 /// One target chosen by the policy.
-struct Target {
+pub(crate) struct Target {
     replica: Arc<Replica>,
     routed: RoutedTarget,
 }
@@ -214,6 +215,17 @@ pub async fn forward(
     failover: bool,
     (record, trace): (Option<u64>, &mut Option<Box<RequestTrace>>),
 ) -> Result<Response<AxumBody>, ApiError> {
+    if let Some((plan, replicas)) = pd::choose(&node, &profile)? {
+        return pd::forward(
+            node,
+            (parsed, profile, headers),
+            (arrived, failover, record),
+            plan,
+            replicas,
+            trace,
+        )
+        .await;
+    }
     let span = trace.as_deref().map(RequestTrace::decide);
     let planned = plan(&node, &profile, arrived, record).await;
     if let (Some(s), Some(t)) = (span, trace.as_deref()) {
@@ -228,6 +240,84 @@ pub async fn forward(
         t.decided(s, node.policy.name(), chosen, n, fb, &profile);
     }
     let (targets, fallback) = planned?;
+    let how = Send {
+        body: &parsed.upstream_body,
+        headers: &headers,
+        arrived,
+        failover,
+        record,
+        fallback,
+        ttft_learned: false,
+    };
+    match send(&node, &parsed, &profile, &targets, &how, trace).await? {
+        Sent::Response(r) => Ok(r),
+        Sent::Failed { reason, last_error } => {
+            all_failed(&node, record, reason, last_error, targets.last())
+        }
+    }
+}
+
+/// How one stage is sent: its body and headers, and what its tracking records.
+pub(crate) struct Send<'a> {
+    pub body: &'a Bytes,
+    pub headers: &'a HeaderMap,
+    pub arrived: Instant,
+    pub failover: bool,
+    pub record: Option<u64>,
+    pub fallback: Option<&'static str>,
+    /// Learn no TTFT from this stage (a decode after a remote prefill: its first
+    /// token's wait is the transfer's, learned per link instead).
+    pub ttft_learned: bool,
+}
+
+/// What became of sending to a list of targets.
+pub(crate) enum Sent {
+    /// One answered: its response, streaming back.
+    Response(Response<AxumBody>),
+    /// Every target failed before its first byte.
+    Failed {
+        reason: &'static str,
+        last_error: Option<Response<Incoming>>,
+    },
+}
+
+/// The answer when every attempt failed before the first byte: the last replica's
+/// own error response where it sent one, else a 502 naming it.
+pub(crate) fn all_failed(
+    node: &Node,
+    record: Option<u64>,
+    reason: &'static str,
+    last_error: Option<Response<Incoming>>,
+    last: Option<&Target>,
+) -> Result<Response<AxumBody>, ApiError> {
+    crate::decisions::note_end(node, record, format!("every attempt failed ({reason})"));
+    if let (Some(resp), Some(t)) = (last_error, last) {
+        return Ok(passthrough(resp, &t.replica));
+    }
+    let mut e = ApiError::upstream(format!("every replica tried failed ({reason})"));
+    e.replica = last.map(|t| t.replica.name.clone());
+    Err(e)
+}
+
+/// Sends `parsed` to `targets` in order until one answers (retrying before the first
+/// byte), and streams that one back.
+pub(crate) async fn send(
+    node: &Arc<Node>,
+    parsed: &ParsedRequest,
+    profile: &RequestProfile,
+    targets: &[Target],
+    how: &Send<'_>,
+    trace: &mut Option<Box<RequestTrace>>,
+) -> Result<Sent, ApiError> {
+    let Send {
+        body,
+        headers,
+        arrived,
+        failover,
+        record,
+        fallback,
+        ttft_learned,
+    } = *how;
     let mut last_error: Option<Response<Incoming>> = None;
     let mut last_reason = "no attempt";
     for (attempt, target) in targets.iter().enumerate() {
@@ -238,15 +328,15 @@ pub async fn forward(
             tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
         }
         let r = &target.replica;
-        let booking = lifecycle::book(r.as_ref(), &profile, &target.routed, clock::now_s());
+        let booking = lifecycle::book(r.as_ref(), profile, &target.routed, clock::now_s());
         let req = match trace.as_deref_mut() {
             Some(t) => {
                 t.upstream(r, attempt, profile.stream);
                 let mut h = headers.clone();
                 t.inject(&mut h);
-                upstream_request(r, parsed.endpoint, &parsed.upstream_body, &h)?
+                upstream_request(r, parsed.endpoint, body, &h)?
             }
-            None => upstream_request(r, parsed.endpoint, &parsed.upstream_body, &headers)?,
+            None => upstream_request(r, parsed.endpoint, body, headers)?,
         };
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
@@ -279,9 +369,9 @@ pub async fn forward(
                         record,
                         format!("{status} from {}", r.name),
                     );
-                    return Ok(passthrough(resp, r));
+                    return Ok(Sent::Response(passthrough(resp, r)));
                 } else {
-                    match first_frame(&mut resp, &node).await {
+                    match first_frame(&mut resp, node).await {
                         Ok(first) => Ok((resp, first)),
                         Err(why) => Err(AttemptError::Retry(why, None)),
                     }
@@ -293,7 +383,7 @@ pub async fn forward(
                 lifecycle::remember_prefix(
                     &node.prefix,
                     r.as_ref(),
-                    &profile,
+                    profile,
                     &target.routed,
                     node.cfg.prefix.block_tokens,
                 );
@@ -320,25 +410,25 @@ pub async fn forward(
                     },
                     prompt_messages: parsed.messages as u32,
                     learn: Some(target.routed.learn),
-                    ttft_learned: false,
+                    ttft_learned,
                     decision: record,
                     trace: trace.take(),
                 };
                 let failover =
-                    failover::Failover::new(&node, &parsed, &profile, &headers, arrived, failover);
+                    failover::Failover::new(node, parsed, profile, headers, arrived, failover);
                 let mut out = respond(
-                    &node,
+                    node,
                     resp,
                     first,
-                    &parsed,
+                    parsed,
                     (track, failover),
                     fallback,
                     profile.prompt_tokens,
                 );
                 if node.cfg.prediction_headers {
-                    cached_headers(out.headers_mut(), &profile, r.id, &target.routed);
+                    cached_headers(out.headers_mut(), profile, r.id, &target.routed);
                 }
-                return Ok(out);
+                return Ok(Sent::Response(out));
             }
             Err(AttemptError::Retry(why, resp)) => {
                 drop(booking);
@@ -368,18 +458,10 @@ pub async fn forward(
             }
         }
     }
-    // Every attempt failed before the first byte.
-    crate::decisions::note_end(
-        node.as_ref(),
-        record,
-        format!("every attempt failed ({last_reason})"),
-    );
-    if let (Some(resp), Some(t)) = (last_error, targets.last()) {
-        return Ok(passthrough(resp, &t.replica));
-    }
-    let mut e = ApiError::upstream(format!("every replica tried failed ({last_reason})"));
-    e.replica = targets.last().map(|t| t.replica.name.clone());
-    Err(e)
+    Ok(Sent::Failed {
+        reason: last_reason,
+        last_error,
+    })
 }
 
 /// What the router believed the chosen replica had cached, and from what source.
