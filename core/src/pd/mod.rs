@@ -143,10 +143,13 @@ fn stage<'a>(
         let obs = features::observation(profile, c);
         let prediction = snap.predict(key, &obs);
         preds.push(prediction);
+        // The stage's forecast is engine-side: no round trip is added for P/D
+        // placements (pairs across regions are not modelled).
         learn.push(Learn {
             key,
             obs,
             prediction,
+            rtt_ms: 0.0,
         });
     }
     Stage {
