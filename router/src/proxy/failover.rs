@@ -41,7 +41,6 @@ use headroom_core::lifecycle;
 use super::{body::Tracking, sse::event_end};
 use crate::{
     clock,
-    fleet::Signal,
     node::Node,
     policy::RequestProfile,
     request::{Endpoint, InjectedUsage, ParsedRequest, PromptInput},
@@ -505,18 +504,7 @@ pub async fn resume(
             Ok(Ok(_)) => return Err("refused"),
         };
         drop(booking);
-        node.metrics
-            .upstream_errors
-            .with_label_values(&[&r.name, why])
-            .inc();
-        if why == "429" {
-            r.health.on_backpressure(clock::now_ms());
-        } else if r
-            .health
-            .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
-        {
-            node.metrics.ejection(&r.name);
-        }
+        super::attempt_failed(&node, r, why);
     }
     Err("no_replica")
 }

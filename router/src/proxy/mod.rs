@@ -281,6 +281,25 @@ pub(crate) enum Sent {
     },
 }
 
+/// One attempt at `r` failed before its first byte (`why`: the retry label): counted,
+/// and held against the replica's health — except a 429, which is backpressure and
+/// never ejects. Every stage that retries (unified, prefill, failover) reports here.
+pub(crate) fn attempt_failed(node: &Node, r: &Replica, why: &str) {
+    node.metrics
+        .upstream_errors
+        .with_label_values(&[&r.name, why])
+        .inc();
+    if why == "429" {
+        r.health.on_backpressure(clock::now_ms());
+    } else if r
+        .health
+        .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
+    {
+        node.metrics.ejection(&r.name);
+        tracing::warn!(replica = %r.name, "replica ejected after failures ({why})");
+    }
+}
+
 /// The answer when every attempt failed before the first byte: the last replica's
 /// own error response where it sent one, else a 502 naming it.
 pub(crate) fn all_failed(
@@ -438,20 +457,7 @@ pub(crate) async fn send(
                 }
                 node.decision_records
                     .update(record, |d| d.retries.push((r.name.clone(), why)));
-                node.metrics
-                    .upstream_errors
-                    .with_label_values(&[&r.name, why])
-                    .inc();
-                if why == "429" {
-                    // Backpressure, not failure: recorded, never ejects.
-                    r.health.on_backpressure(clock::now_ms());
-                } else if r
-                    .health
-                    .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
-                {
-                    node.metrics.ejection(&r.name);
-                    tracing::warn!(replica = %r.name, "replica ejected after failures ({why})");
-                }
+                attempt_failed(node, r, why);
                 if let Some(resp) = resp {
                     last_error = Some(resp);
                 }

@@ -265,19 +265,7 @@ async fn prefill(
         last = why;
         node.decision_records
             .update(record, |d| d.retries.push((r.name.clone(), why)));
-        node.metrics
-            .upstream_errors
-            .with_label_values(&[&r.name, why])
-            .inc();
-        if why == "429" {
-            r.health.on_backpressure(clock::now_ms());
-        } else if r
-            .health
-            .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
-        {
-            node.metrics.ejection(&r.name);
-            tracing::warn!(replica = %r.name, "prefill replica ejected after failures ({why})");
-        }
+        super::attempt_failed(node, r, why);
     }
     Err(PrefillEnd::Failed(last))
 }
