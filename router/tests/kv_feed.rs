@@ -15,41 +15,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::kv_engine::{BS, CAPACITY, Mock, prompt, start_mock};
+use common::kv_engine::{Answer, BS, CAPACITY, Mock, prompt, start_mock};
 use headroom::policy::PolicyName;
-use serde_json::{Value, json};
-
-struct Answer {
-    engine: u32,
-    router: u32,
-    source: String,
-}
+use serde_json::Value;
 
 async fn send(router: &common::TestRouter, ids: &[u32]) -> Answer {
-    let resp = common::client()
-        .post(router.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": ids, "max_tokens": 1}))
-        .send()
-        .await
-        .expect("router answers");
-    assert_eq!(resp.status(), 200);
-    let h = |k: &str| {
-        resp.headers()
-            .get(k)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .unwrap_or_else(|| panic!("no {k} header"))
-    };
-    let router_count: u32 = h("x-headroom-cached-tokens").parse().expect("number");
-    let source = h("x-headroom-cached-tokens-source");
-    let v: Value = resp.json().await.expect("json");
-    Answer {
-        engine: v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .expect("engine count") as u32,
-        router: router_count,
-        source,
-    }
+    common::kv_engine::ask(router.url("/v1/completions"), ids).await
 }
 
 async fn feed(router: &common::TestRouter) -> Value {

@@ -20,7 +20,7 @@ use std::{
 
 use common::{
     Proc, client, free_tcp, free_udp,
-    kv_engine::{Mock, prompt, start_mock},
+    kv_engine::{self, Answer, Mock, prompt, start_mock},
 };
 use serde_json::{Value, json};
 
@@ -81,38 +81,8 @@ async fn until(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) ->
     start.elapsed()
 }
 
-struct Answer {
-    engine: u32,
-    router: u32,
-    source: String,
-}
-
 async fn send(http: SocketAddr, ids: &[u32]) -> Answer {
-    let resp = client()
-        .post(format!("http://{http}/v1/completions"))
-        .timeout(Duration::from_secs(10))
-        .json(&json!({"model": "m", "prompt": ids, "max_tokens": 1}))
-        .send()
-        .await
-        .expect("router answers");
-    assert_eq!(resp.status(), 200);
-    let h = |k: &str| {
-        resp.headers()
-            .get(k)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .unwrap_or_else(|| panic!("no {k} header"))
-    };
-    let router: u32 = h("x-headroom-cached-tokens").parse().expect("number");
-    let source = h("x-headroom-cached-tokens-source");
-    let v: Value = resp.json().await.expect("json");
-    Answer {
-        engine: v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .expect("engine count") as u32,
-        router,
-        source,
-    }
+    kv_engine::ask(format!("http://{http}/v1/completions"), ids).await
 }
 
 /// Waits until the owner published deltas covering every batch the engine published

@@ -67,6 +67,25 @@ impl From<CandidateError> for ApiError {
     }
 }
 
+/// What a decision reads from the node: its policy, predictor, prefix index and these
+/// replicas, with the retry budget. One place, so the unified and P/D paths agree.
+pub(crate) fn route_inputs<'a>(
+    node: &'a Node,
+    replicas: &'a [Arc<Replica>],
+) -> RouteInputs<'a, Arc<Replica>> {
+    RouteInputs {
+        policy: node.policy.as_ref(),
+        predictor: &node.trainer.shared,
+        prefix: &node.prefix,
+        replicas,
+        params: CandidateParams {
+            block_tokens: node.cfg.prefix.block_tokens,
+            stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
+        },
+        max_targets: 1 + node.cfg.proxy.retries as usize,
+    }
+}
+
 /// One decision now: the policy's ranking, cut to the retry budget, through the
 /// request's admission (go, wait or reject).
 fn choose(
@@ -76,17 +95,7 @@ fn choose(
     record: Option<u64>,
 ) -> Result<(Admit, Replicas), ApiError> {
     let replicas = node.fleet.replicas();
-    let inputs = RouteInputs {
-        policy: node.policy.as_ref(),
-        predictor: &node.trainer.shared,
-        prefix: &node.prefix,
-        replicas: replicas.as_slice(),
-        params: CandidateParams {
-            block_tokens: node.cfg.prefix.block_tokens,
-            stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
-        },
-        max_targets: 1 + node.cfg.proxy.retries as usize,
-    };
+    let inputs = route_inputs(node, &replicas);
     let mut rng = node.decision_rng();
     let now_s = clock::now_s();
     let routed = match record {

@@ -42,13 +42,13 @@ use headroom_core::{
 use super::{Replicas, Send, Sent, Target, all_failed, send, upstream_request};
 use crate::{
     PREFILL_REPLICA_HEADER, clock,
-    decide::{RouteInputs, RoutedTarget},
+    decide::RoutedTarget,
     error::ApiError,
     fleet::Signal,
     lifecycle::{self, Reported},
     node::Node,
     otel::RequestTrace,
-    policy::{RequestProfile, candidates::CandidateParams},
+    policy::RequestProfile,
     request::ParsedRequest,
 };
 
@@ -65,17 +65,7 @@ pub fn choose(
     if !replicas.iter().any(|r| r.role == Role::Prefill) {
         return Ok(None);
     }
-    let inputs = RouteInputs {
-        policy: node.policy.as_ref(),
-        predictor: &node.trainer.shared,
-        prefix: &node.prefix,
-        replicas: replicas.as_slice(),
-        params: CandidateParams {
-            block_tokens: node.cfg.prefix.block_tokens,
-            stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
-        },
-        max_targets: 1 + node.cfg.proxy.retries as usize,
-    };
+    let inputs = super::route_inputs(node, &replicas);
     let mut rng = node.decision_rng();
     let pd_inputs = PdInputs {
         cfg: &node.cfg.pd,

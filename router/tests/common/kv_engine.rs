@@ -215,3 +215,40 @@ pub fn prompt(prefix: u32, suffix: u32, len: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// What one completion through the router said about its prompt's cache: the
+/// engine's own `cached_tokens`, the router's count and where the count came from.
+pub struct Answer {
+    pub engine: u32,
+    pub router: u32,
+    pub source: String,
+}
+
+/// Sends a token-id prompt to the router's completions `url` (one output token) and
+/// reads both counts.
+pub async fn ask(url: String, ids: &[u32]) -> Answer {
+    let resp = super::client()
+        .post(url)
+        .json(&serde_json::json!({"model": "m", "prompt": ids, "max_tokens": 1}))
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(resp.status(), 200);
+    let h = |k: &str| {
+        resp.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {k} header"))
+    };
+    let router: u32 = h("x-headroom-cached-tokens").parse().expect("number");
+    let source = h("x-headroom-cached-tokens-source");
+    let v: serde_json::Value = resp.json().await.expect("json");
+    Answer {
+        engine: v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("engine count") as u32,
+        router,
+        source,
+    }
+}
