@@ -6,10 +6,15 @@
 # Usage: scripts/py/setup-load-tools.sh   (prints the venv path on its last line)
 # Env:   HEADROOM_CACHE (default ~/.cache/headroom), PYTHON (default python3),
 #        PYTHON312 (a Python >= 3.12 for inference-perf; default: python3.13 or
-#        python3.12 on PATH, else inference-perf is skipped and the log says why)
+#        python3.12 on PATH or under pyenv's versions, else inference-perf is skipped
+#        and the log says why), HEADROOM_LOAD_TOOLS_BASE (a venv of the same Python
+#        whose packages guidellm may reuse; default: the vLLM venv when it exists)
 #
-# Size: guidellm pulls torch with its CUDA wheels from PyPI (~6 GB installed here,
-# 2026-12-01), so this is not part of CI's default run (scripts/vllm/load-tools.sh).
+# Size: guidellm requires torch. Alone it pulls torch with its CUDA wheels from PyPI
+# (~6 GB, 2026-12-01); layered on the vLLM venv (a .pth line naming that venv's
+# site-packages, so pip finds torch, transformers and numpy already installed and
+# installs only the rest into this venv, which shadows the base) it adds ~150 MB, which
+# is what lets the real-vLLM suite run it in CI. The base venv is never written to.
 # Invariant: reused only when its marker holds exactly $RECIPE (written last, after
 # each console script ran `--help`); otherwise rebuilt from scratch.
 set -euo pipefail
@@ -33,17 +38,31 @@ die() {
 }
 
 # inference-perf 0.7.0 (and every release before it) declares Requires-Python >= 3.12.
-PY312="${PYTHON312:-}"
-if [[ -z "$PY312" ]]; then
-    for c in python3.13 python3.12; do
-        if command -v "$c" >/dev/null; then PY312="$c"; break; fi
-    done
-fi
+# The first candidate that runs and is new enough (pyenv's shims are on PATH for
+# versions that are not selected, and fail when run).
+PYENV_ROOT="${PYENV_ROOT:-$HOME/.pyenv}"
+PY312=""
+for c in ${PYTHON312:-} python3.12 python3.13 \
+    "$PYENV_ROOT"/versions/3.12*/bin/python3 "$PYENV_ROOT"/versions/3.13*/bin/python3; do
+    if "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+        PY312="$c"
+        break
+    fi
+done
 IPERF="skip"
-if [[ -n "$PY312" ]] && "$PY312" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+if [[ -n "$PY312" ]]; then
     IPERF="inference-perf==${INFERENCE_PERF_VERSION}"
 fi
-RECIPE="guidellm==${GUIDELLM_VERSION} ${IPERF} recipe=1"
+BASE="${HEADROOM_LOAD_TOOLS_BASE-$CACHE/vllm-venv}"
+BASE_SITE=""
+if [[ -n "$BASE" && -x "$BASE/bin/python" ]]; then
+    # Only a base of the very same interpreter version can share compiled packages.
+    if [[ "$("$BASE/bin/python" -c 'import sys; print(sys.version_info[:2])')" == \
+          "$("$PY" -c 'import sys; print(sys.version_info[:2])')" ]]; then
+        BASE_SITE="$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    fi
+fi
+RECIPE="guidellm==${GUIDELLM_VERSION} ${IPERF} base=${BASE_SITE:-none} recipe=2"
 
 exec 9>"$CACHE/load-tools.lock"
 flock -w 1800 9 || die "timed out waiting for another setup holding $CACHE/load-tools.lock"
@@ -62,7 +81,14 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV" >>"$LOG" 2>&1 || die "python -m venv failed"
 pip_q() { "$1" -m pip --disable-pip-version-check --no-input "${@:2}" >>"$LOG" 2>&1; }
 pip_q "$VENV/bin/python" install --upgrade pip || die "pip upgrade failed"
-log "installing guidellm==$GUIDELLM_VERSION (torch and its CUDA wheels come with it: several GB)"
+if [[ -n "$BASE_SITE" ]]; then
+    # Appended after this venv's own site-packages: what pip installs here wins.
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf '%s\n' "$BASE_SITE" > "$site/zz-headroom-base.pth"
+    log "installing guidellm==$GUIDELLM_VERSION over $BASE_SITE (torch reused)"
+else
+    log "installing guidellm==$GUIDELLM_VERSION (torch and its CUDA wheels come with it: several GB)"
+fi
 pip_q "$VENV/bin/python" install "guidellm==$GUIDELLM_VERSION" || die "pip install guidellm failed"
 "$VENV/bin/guidellm" run --help >>"$LOG" 2>&1 || die "guidellm run --help failed"
 

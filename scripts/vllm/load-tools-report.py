@@ -1,6 +1,6 @@
 """The load tools' own figures beside Headroom's for the same requests (stdlib only).
 
-    python3 scripts/vllm/load-tools-report.py OUT_DIR
+    python3 scripts/vllm/load-tools-report.py OUT_DIR [--expect N]
 
 Reads OUT_DIR/windows.tsv (tool, start ms, end ms: when each tool ran), each tool's
 report (guidellm/report.json, vllm-bench-serve/result.json), and the router's request
@@ -8,7 +8,9 @@ log OUT_DIR/requests.jsonl (one line per finished request, `request_log`). Headr
 side of a tool's row is the log's requests that arrived in its window: TTFT is the
 router's (send upstream -> first token), the tools' is client-side (send -> first
 token, one hop more), so Headroom's should be the smaller by the proxy's share.
-Writes OUT_DIR/report.md and prints it.
+Writes OUT_DIR/report.md and prints it. With `--expect N` it exits 1 unless every tool
+that ran reports N successful requests and none failed, and the router logged as many
+ok requests in that tool's window (the real-vLLM suite's short form, test-real.sh).
 """
 
 import json
@@ -69,7 +71,14 @@ def headroom(rows, start, end):
 
 
 def main():
-    out = pathlib.Path(sys.argv[1])
+    args = sys.argv[1:]
+    expect = None
+    if "--expect" in args:
+        i = args.index("--expect")
+        expect = int(args[i + 1])
+        del args[i : i + 2]
+    out = pathlib.Path(args[0])
+    problems = []
     rows = []
     log = out / "requests.jsonl"
     if log.exists():
@@ -96,6 +105,13 @@ def main():
                 f"{f(own.get('ttft_p99'))} | {f(own['tpot_p50'])} | {f(own.get('tpot_p95'))} | {f(own.get('tpot_p99'))} | |"
             )
         h = headroom(rows, start, end)
+        if expect is not None:
+            if own is None:
+                problems.append(f"{tool}: no report")
+            elif own["ok"] != expect or own["failed"]:
+                problems.append(f"{tool}: {own['ok']} ok, {own['failed']} failed (expected {expect} ok)")
+            if h["ok"] < expect or h["failed"]:
+                problems.append(f"{tool}: the router logged {h['ok']} ok, {h['failed']} failed in its window")
         split = ", ".join(f"{k}: {v}" for k, v in sorted(h["replicas"].items()))
         lines.append(
             f"| {tool} | headroom | {h['ok']} | {h['failed']} | {f(h['ttft_p50'])} | {f(h['ttft_p95'])} | "
@@ -104,6 +120,12 @@ def main():
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
     print(text)
+    if expect is not None and not windows:
+        problems.append("no tool ran")
+    for p in problems:
+        print(f"FAILED: {p}", file=sys.stderr)
+    if problems:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@
 # Env: HEADROOM_BIN (router binary; default: `cargo build -p headroom`, dev profile),
 #      HEADROOM_REPLICA_BIN (emulator; default: `cargo build -p headroom-bench`),
 #      HEADROOM_LOAD_REQUESTS (per tool, default 20), HEADROOM_LOAD_RATE (req/s, 2),
-#      HEADROOM_LOAD_INPUT / HEADROOM_LOAD_OUTPUT (tokens, 256 / 32), HEADROOM_CACHE.
+#      HEADROOM_LOAD_INPUT / HEADROOM_LOAD_OUTPUT (tokens, 256 / 32), HEADROOM_CACHE,
+#      HEADROOM_LOAD_EXPECT=N: fail unless every tool's N requests succeeded (CI),
+#      HEADROOM_LOAD_URLS (comma-separated: servers already running, e.g. the suite's
+#      in test-real.sh, used instead of starting a pair; not stopped here).
 #
 # Writes OUT/: decision-record-cold.json and decision-record.json (GET
 # /debug/decisions/{id} of one streamed request before and after the tools ran, its
@@ -18,9 +21,9 @@
 # inference-perf/ where it installed, requests.jsonl (the router's request log),
 # headroom-summary.json (/debug/summary), headroom-metrics.txt, windows.tsv and
 # report.md (scripts/vllm/load-tools-report.py). Everything started here is stopped on
-# exit, also on failure or Ctrl-C. Not part of test-real.sh (CI): the guidellm venv
-# alone is a ~6 GB install (torch with CUDA wheels) and each tool's start-up is
-# 10-40 s on 2 cores; run it by hand.
+# exit, also on failure or Ctrl-C. test-real.sh (CI) runs it in its shortest form
+# (HEADROOM_LOAD_REQUESTS=8) against the suite's servers; each tool's start-up is
+# 10-40 s on 2 cores, so the default 20 requests is a by-hand run.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -89,6 +92,8 @@ if [[ $EMU == 1 ]]; then
         PIDS+=($!)
         URLS+=("http://127.0.0.1:$p")
     done
+elif [[ -n "${HEADROOM_LOAD_URLS:-}" ]]; then
+    IFS=, read -r -a URLS <<< "$HEADROOM_LOAD_URLS"
 else
     RUN="$(HEADROOM_VLLM_MODELS="$MODEL_DIR,$(dirname "$MODEL_DIR")/tiny-llama-big" "$HERE/start.sh" 2 | tail -n 1)"
     mapfile -t URLS < "$RUN/servers.txt"
@@ -203,5 +208,5 @@ curl -sf "$R/debug/summary" | python3 -m json.tool > "$OUT/headroom-summary.json
 curl -sf "$R/metrics" > "$OUT/headroom-metrics.txt"
 # The request log is flushed by its writer thread after each burst.
 sleep 0.5
-python3 "$HERE/load-tools-report.py" "$OUT" >&2
+python3 "$HERE/load-tools-report.py" "$OUT" ${HEADROOM_LOAD_EXPECT:+--expect "$HEADROOM_LOAD_EXPECT"} >&2
 log "done: $OUT"

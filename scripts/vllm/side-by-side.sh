@@ -36,7 +36,7 @@ die() { log "ERROR: $*"; exit 1; }
 MODEL_DIR="$("$HERE/prepare.sh" | tail -n 1)"
 "$ROOT/scripts/py/setup-clients.sh" >&2
 (cd "$ROOT" && cargo build --release -q -p headroom -p headroom-bench) || die "build failed"
-BIN="$ROOT/target/release"
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 
 RUN=""
 ROUTER_PID=""

@@ -11,7 +11,14 @@
 #        HEADROOM_REAL_VLLM_KEEP=1 keeps the run dir (server logs) after a pass,
 #        HEADROOM_REAL_VLLM_ACCURACY=full runs t4b's full accuracy mode (~15 min),
 #        HEADROOM_ROUTER_JOURNAL_DIR=DIR: each router writes its learner journal there
-#        and t4b its client records (replay: predictor/tests/real_cpu_journal.rs).
+#        and t4b its client records (replay: predictor/tests/real_cpu_journal.rs),
+#        HEADROOM_LOAD_TOOLS=0 skips the load tools' short form, HEADROOM_LOAD_TOOLS_OUT
+#        keeps their reports there (default: the run dir, removed after a pass).
+#
+# Before the Rust suite, the load tools operators run (guidellm, `vllm bench serve`,
+# inference-perf where a Python >= 3.12 is found) drive a router in front of the same
+# servers, 8 requests each (scripts/vllm/load-tools.sh); the suite fails when a tool
+# fails or a request through the router does not succeed.
 # Exports to the tests: HEADROOM_REAL_VLLM=1, HEADROOM_VLLM_URLS (comma-separated),
 #        HEADROOM_VLLM_RUN_DIR (start.sh run dir: pid and port files, logs),
 #        HEADROOM_VLLM_TOKENIZER (the tokenizer.json the servers use).
@@ -82,6 +89,19 @@ HEADROOM_VLLM_URLS="$(paste -sd, "$SERVERS/servers.txt")"
 export HEADROOM_VLLM_URLS
 export HEADROOM_VLLM_RUN_DIR="$SERVERS"
 export HEADROOM_VLLM_TOKENIZER="$MODEL_DIR/tokenizer.json"
+
+if [[ "${HEADROOM_LOAD_TOOLS:-1}" != 0 ]]; then
+    LT_OUT="${HEADROOM_LOAD_TOOLS_OUT:-$WORK/load-tools}"
+    log "load tools through the router, short form (log: $WORK/load-tools.log)"
+    if ! HEADROOM_LOAD_URLS="$HEADROOM_VLLM_URLS" HEADROOM_LOAD_REQUESTS=8 \
+        HEADROOM_LOAD_EXPECT=8 HEADROOM_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/headroom" \
+        "$HERE/load-tools.sh" "$LT_OUT" >"$WORK/load-tools.log" 2>&1; then
+        log "ERROR: the load tools' short form failed"
+        tail -n 40 "$WORK/load-tools.log" >&2
+        exit 1
+    fi
+    cat "$LT_OUT/report.md" >&2
+fi
 
 log "running router/tests/real_vllm.rs"
 set +e
