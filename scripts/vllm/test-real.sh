@@ -33,6 +33,7 @@ log() { printf '[test-real %s +%ss] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/headroom-real-vllm.XXXXXX")"
 SERVERS="$WORK/servers"
 start_pid=""
+setup_pid=""
 status=1
 
 cleanup() {
@@ -42,6 +43,10 @@ cleanup() {
         # start.sh stops what it started when it is interrupted.
         kill -TERM "$start_pid" 2>/dev/null || true
         wait "$start_pid" 2>/dev/null || true
+    fi
+    if [[ -n "$setup_pid" ]] && kill -0 "$setup_pid" 2>/dev/null; then
+        kill -TERM "$setup_pid" 2>/dev/null || true
+        wait "$setup_pid" 2>/dev/null || true
     fi
     if [[ -f "$SERVERS/run-id" ]]; then
         log "stopping the servers"
@@ -71,6 +76,12 @@ HEADROOM_VLLM_MODELS="$MODEL_DIR,$BIG_DIR" HEADROOM_VLLM_RUN_DIR="$SERVERS" \
     "$HERE/start.sh" 2 >"$WORK/start.out" 2>"$WORK/start.log" &
 start_pid=$!
 
+if [[ "${HEADROOM_LOAD_TOOLS:-1}" != 0 ]]; then
+    # The load tools' venv installs (once) while the servers start and the tests build.
+    "$ROOT/scripts/py/setup-load-tools.sh" >"$WORK/load-tools-setup.log" 2>&1 &
+    setup_pid=$!
+fi
+
 log "building the test binary"
 (cd "$ROOT" && cargo test -p headroom --test real_vllm --no-run)
 
@@ -91,6 +102,11 @@ export HEADROOM_VLLM_RUN_DIR="$SERVERS"
 export HEADROOM_VLLM_TOKENIZER="$MODEL_DIR/tokenizer.json"
 
 if [[ "${HEADROOM_LOAD_TOOLS:-1}" != 0 ]]; then
+    if ! wait "$setup_pid"; then
+        log "ERROR: installing the load tools failed"
+        tail -n 30 "$WORK/load-tools-setup.log" >&2
+        exit 1
+    fi
     LT_OUT="${HEADROOM_LOAD_TOOLS_OUT:-$WORK/load-tools}"
     log "load tools through the router, short form (log: $WORK/load-tools.log)"
     if ! HEADROOM_LOAD_URLS="$HEADROOM_VLLM_URLS" HEADROOM_LOAD_REQUESTS=8 \
