@@ -8,7 +8,6 @@
 pub mod baselines;
 pub mod candidates;
 pub mod features;
-pub mod paced;
 pub mod peers;
 pub mod rank;
 pub mod registry;

@@ -14,9 +14,7 @@
 //! with hysteresis for this node's previous pick, so nodes holding the same view do
 //! not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
 //! by outstanding tokens instead — this request's uncached prompt tokens and expected
-//! output plus what is already there, each token priced at the replica's decode step
-//! once every TPOT model is warm ([`super::paced`]) — which is prefix-aware,
-//! load-aware and, paced, speed-aware: with plain token load, on the
+//! output plus what is already there — which is prefix-aware and load-aware: on the
 //! heterogeneous real-vLLM pair it met 58% of objectives where `cache_aware` (vllm-router
 //! 38%, sglang-router 34%) did not (same run, `scripts/vllm/side-by-side.sh`); routing by
 //! `cache_aware` itself while cold made the simulator's forecasts worse (one seed's TTFT
@@ -42,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Candidate, Choice, DecideCtx, Decision, Fallback, Load, NoFit, Policy, RequestProfile,
-    features, paced::PacedTokenLoad, rank,
+    baselines::TokenLoad, features, rank,
 };
 use crate::region;
 
@@ -377,11 +375,8 @@ impl Policy for SloPolicy {
                     .tier
                         == 0
             };
-            // Token load paced by each replica's measured decode step once every TPOT
-            // model is warm (plain token load until then): see `paced`.
-            let paced = PacedTokenLoad { snapshot: &snap };
             let mut d =
-                region::decide_within(&paced, req, cands, ctx, &|i| home(i) || remote_fit(i));
+                region::decide_within(&TokenLoad, req, cands, ctx, &|i| home(i) || remote_fit(i));
             d.predictions = seen;
             d.fallback = Some("cold-model");
             return d;
