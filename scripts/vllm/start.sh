@@ -18,7 +18,12 @@
 #      HEADROOM_VLLM_RUN_DIR (default: a new dir under ${TMPDIR:-/tmp}),
 #      HEADROOM_VLLM_TIMEOUT (seconds to healthy, default 300),
 #      HEADROOM_VLLM_EXTRA_ARGS (extra api_server flags, word-split),
-#      HEADROOM_VLLM_DEV_MODE=1 (vLLM's dev endpoints, e.g. POST /reset_prefix_cache).
+#      HEADROOM_VLLM_DEV_MODE=1 (vLLM's dev endpoints, e.g. POST /reset_prefix_cache),
+#      HEADROOM_VLLM_PIN (default 1: the whole server — API server, engine core, worker —
+#        on core i mod nproc, not only its compute threads, so servers sharing this
+#        machine do not take each other's CPU, as replicas on separate hosts would not;
+#        0: only the compute threads, where a busy server slows the other's front end
+#        and a router is rewarded for piling everything on one server).
 #
 # Invariants: every process started here runs in $RUN/scratch/I and carries
 # HEADROOM_VLLM_RUN_ID in its environment (children inherit both); stop.sh finds and
@@ -110,6 +115,9 @@ trap cleanup_on_failure EXIT
 trap 'exit 130' INT TERM
 
 cores="$(nproc)"
+pin_server() { # I: the taskset prefix for server I, or nothing
+    if [[ "${HEADROOM_VLLM_PIN:-1}" == 1 ]]; then echo "taskset -c $(($1 % cores))"; fi
+}
 ((N <= cores)) || log "warning: $N servers on $cores cores; servers will share cores"
 
 read -r -a extra <<<"${HEADROOM_VLLM_EXTRA_ARGS:-}"
@@ -117,6 +125,7 @@ for ((i = 0; i < N; i++)); do
     port="${ports[$i]}"
     model="${models[$((i % ${#models[@]}))]}"
     scratch="$RUN/scratch/$i"
+    pin="$(pin_server "$i")"
     mkdir -p "$scratch/tmp" "$scratch/vllm-cache" "$scratch/inductor" "$scratch/hf"
     started=1
     # setsid: own process group, so a terminal's Ctrl-C does not reach it and
@@ -134,7 +143,7 @@ for ((i = 0; i < N; i++)); do
             TMPDIR="$scratch/tmp" \
             VLLM_CACHE_ROOT="$scratch/vllm-cache" \
             TORCHINDUCTOR_CACHE_DIR="$scratch/inductor" \
-            setsid "$VPY" -m vllm.entrypoints.openai.api_server \
+            setsid $pin "$VPY" -m vllm.entrypoints.openai.api_server \
             --model "$model" --served-model-name tiny-llama \
             --host 127.0.0.1 --port "$port" \
             --max-model-len 4096 --enable-prefix-caching --enforce-eager \
