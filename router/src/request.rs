@@ -7,10 +7,14 @@
 //! the client's bytes — nothing else is re-encoded, so key order, number spelling and
 //! whitespace reach the engine as sent — and the response side strips them again.
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
-use serde_json::{Map, Value, value::RawValue};
+use serde::{
+    Deserialize, Deserializer,
+    de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor},
+};
+use serde_json::value::RawValue;
 
 use crate::error::ApiError;
 
@@ -78,96 +82,207 @@ impl InjectedUsage {
     }
 }
 
-fn field_u32(map: &Map<String, Value>, key: &'static str) -> Result<Option<u32>, ApiError> {
-    match map.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("`{key}` must be a non-negative integer"))
-                    .with_param(key)
+/// The members of a JSON object named in `keys`, as raw slices of the input (the last
+/// of duplicate keys, as the engines' JSON parsers keep), and how many members it has.
+/// Every other member is checked for syntax and skipped without being built.
+struct Picked<'a, const N: usize> {
+    vals: [Option<&'a RawValue>; N],
+    members: usize,
+}
+
+/// Maps an object key to its position in the wanted keys without allocating it.
+#[derive(Clone, Copy)]
+struct KeyIndex<'k>(&'k [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeyIndex<'_> {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIndex<'_> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|k| *k == v))
+    }
+}
+
+struct Pick<'k, const N: usize>(&'k [&'static str; N]);
+
+impl<'de, const N: usize> Visitor<'de> for Pick<'_, N> {
+    type Value = Picked<'de, N>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = Picked {
+            vals: [None; N],
+            members: 0,
+        };
+        let keys = KeyIndex(self.0);
+        while let Some(at) = map.next_key_seed(keys)? {
+            out.members += 1;
+            match at {
+                Some(i) => out.vals[i] = Some(map.next_value::<&'de RawValue>()?),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// [`Picked`] members of the whole document `json` (trailing bytes other than
+/// whitespace are an error).
+fn pick<'a, const N: usize>(
+    json: &'a [u8],
+    keys: &[&'static str; N],
+) -> Result<Picked<'a, N>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let picked = de.deserialize_map(Pick(keys))?;
+    de.end()?;
+    Ok(picked)
+}
+
+/// [`Picked`] members of a raw value that is an object (the caller checked its `{`).
+fn pick_in<'a, const N: usize>(
+    raw: &'a RawValue,
+    keys: &[&'static str; N],
+) -> Result<Picked<'a, N>, serde_json::Error> {
+    pick(raw.get().as_bytes(), keys)
+}
+
+/// A string that borrows from the body unless it holds escapes.
+#[derive(Deserialize)]
+struct Str<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// The first byte of a raw value (never empty: it is a whole JSON value).
+fn lead(raw: &RawValue) -> u8 {
+    raw.get().as_bytes().first().copied().unwrap_or(b'n')
+}
+
+fn is_null(raw: Option<&RawValue>) -> bool {
+    raw.is_none_or(|r| r.get() == "null")
+}
+
+fn field_u32(raw: Option<&RawValue>, key: &'static str) -> Result<Option<u32>, ApiError> {
+    match raw {
+        None => Ok(None),
+        Some(v) => serde_json::from_str::<Option<u32>>(v.get()).map_err(|_| {
+            ApiError::bad_request(format!("`{key}` must be a non-negative integer")).with_param(key)
+        }),
+    }
+}
+
+fn field_bool(raw: Option<&RawValue>, key: &'static str) -> Result<bool, ApiError> {
+    match raw {
+        None => Ok(false),
+        Some(v) => serde_json::from_str::<Option<bool>>(v.get())
+            .map(Option::unwrap_or_default)
+            .map_err(|_| {
+                ApiError::bad_request(format!("`{key}` must be a boolean")).with_param(key)
             }),
     }
 }
 
-fn field_bool(map: &Map<String, Value>, key: &'static str) -> Result<bool, ApiError> {
-    match map.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad_request(format!("`{key}` must be a boolean")).with_param(key)),
-    }
-}
-
-fn ids_of(v: &[Value]) -> Option<Vec<u32>> {
-    v.iter()
-        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
-}
-
-fn prompt_of(map: &Map<String, Value>) -> Result<PromptInput, ApiError> {
+fn prompt_of(raw: Option<&RawValue>) -> Result<PromptInput, ApiError> {
     let bad = || {
         ApiError::bad_request(
             "`prompt` must be a string, a list of strings, a list of token ids or a list of such lists",
         )
         .with_param("prompt")
     };
-    match map.get("prompt") {
-        Some(Value::String(s)) => Ok(PromptInput::Text(s.clone())),
-        Some(Value::Array(items)) if items.is_empty() => Err(bad()),
-        Some(Value::Array(items)) => {
-            if items.iter().all(Value::is_string) {
-                let joined: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
-                Ok(PromptInput::Text(joined.join("\n")))
-            } else if items.iter().all(Value::is_number) {
-                ids_of(items).map(PromptInput::Ids).ok_or_else(bad)
-            } else if items.iter().all(Value::is_array) {
-                let mut all = Vec::new();
-                for it in items {
-                    all.extend(ids_of(it.as_array().ok_or_else(bad)?).ok_or_else(bad)?);
+    let Some(raw) = raw else {
+        return Err(ApiError::bad_request("`prompt` is required").with_param("prompt"));
+    };
+    match lead(raw) {
+        b'"' => serde_json::from_str::<Str<'_>>(raw.get())
+            .map(|s| PromptInput::Text(s.0.into_owned()))
+            .map_err(|_| bad()),
+        b'[' => {
+            let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| bad())?;
+            let first = items.first().ok_or_else(bad)?;
+            match lead(first) {
+                b'"' => {
+                    let parts: Vec<Str<'_>> = serde_json::from_str(raw.get()).map_err(|_| bad())?;
+                    let mut text = String::with_capacity(parts.iter().map(|p| p.0.len() + 1).sum());
+                    for (i, p) in parts.iter().enumerate() {
+                        if i > 0 {
+                            text.push('\n');
+                        }
+                        text.push_str(&p.0);
+                    }
+                    Ok(PromptInput::Text(text))
                 }
-                Ok(PromptInput::Ids(all))
-            } else {
-                Err(bad())
+                b'[' => {
+                    let lists: Vec<Vec<u32>> =
+                        serde_json::from_str(raw.get()).map_err(|_| bad())?;
+                    Ok(PromptInput::Ids(lists.into_iter().flatten().collect()))
+                }
+                _ => serde_json::from_str::<Vec<u32>>(raw.get())
+                    .map(PromptInput::Ids)
+                    .map_err(|_| bad()),
             }
         }
-        None => Err(ApiError::bad_request("`prompt` is required").with_param("prompt")),
-        Some(_) => Err(bad()),
+        _ => Err(bad()),
     }
 }
 
 /// Flattens chat messages to text (role-tagged), which is what the prefix index and
 /// the token estimate see.
-fn messages_of(map: &Map<String, Value>) -> Result<(String, usize), ApiError> {
+fn messages_of(raw: Option<&RawValue>) -> Result<(String, usize), ApiError> {
     let bad = |m: &str| ApiError::bad_request(m.to_string()).with_param("messages");
-    let msgs = match map.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        Some(Value::Array(_)) => return Err(bad("`messages` must not be empty")),
+    let msgs: Vec<&RawValue> = match raw {
         None => return Err(bad("`messages` is required")),
+        Some(r) if lead(r) == b'[' => {
+            serde_json::from_str(r.get()).map_err(|_| bad("`messages` must be a list"))?
+        }
         Some(_) => return Err(bad("`messages` must be a list")),
     };
-    let mut text = String::new();
-    for m in msgs {
-        let obj = m
-            .as_object()
-            .ok_or_else(|| bad("each message must be an object"))?;
-        let role = obj
-            .get("role")
-            .and_then(Value::as_str)
+    if msgs.is_empty() {
+        return Err(bad("`messages` must not be empty"));
+    }
+    let mut text = String::with_capacity(msgs.iter().map(|m| m.get().len()).sum());
+    for m in &msgs {
+        if lead(m) != b'{' {
+            return Err(bad("each message must be an object"));
+        }
+        let [role, content] = pick_in(m, &["role", "content"])
+            .map_err(|_| bad("each message must be an object"))?
+            .vals;
+        let role = role
+            .and_then(|r| serde_json::from_str::<Str<'_>>(r.get()).ok())
             .ok_or_else(|| bad("each message needs a string `role`"))?;
-        text.push_str(role);
+        text.push_str(&role.0);
         text.push_str(": ");
-        match obj.get("content") {
-            Some(Value::String(s)) => text.push_str(s),
-            Some(Value::Array(parts)) => {
-                for p in parts {
-                    if let Some(t) = p.get("text").and_then(Value::as_str) {
-                        text.push_str(t);
+        match content {
+            None => {}
+            Some(c) if c.get() == "null" => {}
+            Some(c) if lead(c) == b'"' => {
+                let s = serde_json::from_str::<Str<'_>>(c.get())
+                    .map_err(|_| bad("message `content` must be a string or a list of parts"))?;
+                text.push_str(&s.0);
+            }
+            Some(c) if lead(c) == b'[' => {
+                let parts: Vec<&RawValue> = serde_json::from_str(c.get())
+                    .map_err(|_| bad("message `content` must be a string or a list of parts"))?;
+                for p in parts.into_iter().filter(|p| lead(p) == b'{') {
+                    let Ok(Picked {
+                        vals: [Some(t)], ..
+                    }) = pick_in(p, &["text"])
+                    else {
+                        continue;
+                    };
+                    if let Ok(s) = serde_json::from_str::<Str<'_>>(t.get()) {
+                        text.push_str(&s.0);
                     }
                 }
             }
-            None | Some(Value::Null) => {}
             Some(_) => return Err(bad("message `content` must be a string or a list of parts")),
         }
         text.push('\n');
@@ -175,46 +290,81 @@ fn messages_of(map: &Map<String, Value>) -> Result<(String, usize), ApiError> {
     Ok((text, msgs.len()))
 }
 
+/// The top-level members routing reads; everything else is only checked for syntax.
+const TOP: [&str; 8] = [
+    "model",
+    "prompt",
+    "messages",
+    "max_completion_tokens",
+    "max_tokens",
+    "stream",
+    "ignore_eos",
+    "stream_options",
+];
+
 /// Parses and validates a request body. With `chunk_usage`, a streaming request asks
 /// the engine for per-chunk usage (see the module docs).
+///
+/// One pass over the body: the members routing reads are kept as raw slices of it
+/// and decoded on their own (strings borrowed where they hold no escapes); the rest
+/// is validated and skipped, never built into a tree.
 pub fn parse(
     endpoint: Endpoint,
     body: &Bytes,
     chunk_usage: bool,
 ) -> Result<ParsedRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(ApiError::bad_request("request body must be a JSON object"));
-    };
-    let model = match map.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        _ => {
-            return Err(
-                ApiError::bad_request("`model` must be a non-empty string").with_param("model")
-            );
+    let top = pick(body, &TOP).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            ApiError::bad_request("request body must be a JSON object")
         }
-    };
+        _ => ApiError::bad_request(format!("malformed JSON body: {e}")),
+    })?;
+    let [
+        model,
+        prompt,
+        messages,
+        max_completion_tokens,
+        max_tokens,
+        stream,
+        ignore_eos,
+        stream_options,
+    ] = top.vals;
+    let model = model
+        .filter(|m| lead(m) == b'"')
+        .and_then(|m| serde_json::from_str::<Str<'_>>(m.get()).ok())
+        .filter(|m| !m.0.is_empty())
+        .map(|m| m.0.into_owned())
+        .ok_or_else(|| {
+            ApiError::bad_request("`model` must be a non-empty string").with_param("model")
+        })?;
     let (prompt, messages) = match endpoint {
-        Endpoint::Completions => (prompt_of(&map)?, 0),
+        Endpoint::Completions => (prompt_of(prompt)?, 0),
         Endpoint::ChatCompletions => {
-            let (t, n) = messages_of(&map)?;
+            let (t, n) = messages_of(messages)?;
             (PromptInput::Text(t), n)
         }
     };
-    let max_tokens = match field_u32(&map, "max_completion_tokens")? {
+    let max_tokens = match field_u32(max_completion_tokens, "max_completion_tokens")? {
         Some(n) => Some(n),
-        None => field_u32(&map, "max_tokens")?,
+        None => field_u32(max_tokens, "max_tokens")?,
     };
-    let stream = field_bool(&map, "stream")?;
-    let ignore_eos = field_bool(&map, "ignore_eos")?;
-    let (client_wants_usage, client_wants_chunk_usage) = match map.get("stream_options") {
-        None | Some(Value::Null) => (false, false),
-        Some(Value::Object(o)) => (
-            field_bool(o, "include_usage")?,
-            field_bool(o, "continuous_usage_stats")?,
-        ),
-        Some(_) => {
+    let stream = field_bool(stream, "stream")?;
+    let ignore_eos = field_bool(ignore_eos, "ignore_eos")?;
+    let (client_wants_usage, client_wants_chunk_usage) = match stream_options {
+        so if is_null(so) => (false, false),
+        Some(o) if lead(o) == b'{' => {
+            let [usage, per_chunk] = pick_in(o, &["include_usage", "continuous_usage_stats"])
+                .map_err(|_| {
+                    ApiError::bad_request("`stream_options` must be an object")
+                        .with_param("stream_options")
+                })?
+                .vals;
+            (
+                field_bool(usage, "include_usage")?,
+                field_bool(per_chunk, "continuous_usage_stats")?,
+            )
+        }
+        _ => {
             return Err(ApiError::bad_request("`stream_options` must be an object")
                 .with_param("stream_options"));
         }
@@ -224,7 +374,7 @@ pub fn parse(
         per_chunk: stream && chunk_usage && !client_wants_chunk_usage,
     };
     let upstream_body = if injected.any() {
-        splice_stream_options(body, injected)?
+        splice_stream_options(body, injected, stream_options, top.members)?
     } else {
         body.clone()
     };
@@ -245,20 +395,21 @@ pub fn parse(
 /// The client's body with `want`'s members added to its `stream_options` (created if
 /// absent or null). A member the client set to `false` is repeated after its own
 /// (JSON parsers keep the last of duplicate keys, as vLLM's and SGLang's do).
-fn splice_stream_options(body: &Bytes, want: InjectedUsage) -> Result<Bytes, ApiError> {
+/// `options` is the body's last top-level `stream_options` as a slice of `body`, and
+/// `members` how many top-level members the body has.
+fn splice_stream_options(
+    body: &Bytes,
+    want: InjectedUsage,
+    options: Option<&RawValue>,
+    members_in_body: usize,
+) -> Result<Bytes, ApiError> {
     let bad = |why: String| ApiError::bad_request(format!("cannot add stream options: {why}"));
-    let mut members = Vec::new();
-    if want.final_chunk {
-        members.push("\"include_usage\":true");
-    }
-    if want.per_chunk {
-        members.push("\"continuous_usage_stats\":true");
-    }
-    let members = members.join(",");
-    // The top-level members as raw slices of `body`; the last of duplicate keys wins,
-    // as it does upstream.
-    let top: BTreeMap<Cow<'_, str>, &RawValue> =
-        serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+    let members: &str = match (want.final_chunk, want.per_chunk) {
+        (true, true) => "\"include_usage\":true,\"continuous_usage_stats\":true",
+        (true, false) => "\"include_usage\":true",
+        (false, true) => "\"continuous_usage_stats\":true",
+        (false, false) => return Ok(body.clone()),
+    };
     let offset_of = |raw: &RawValue| -> Result<usize, ApiError> {
         let at = (raw.get().as_ptr() as usize)
             .checked_sub(body.as_ptr() as usize)
@@ -266,7 +417,7 @@ fn splice_stream_options(body: &Bytes, want: InjectedUsage) -> Result<Bytes, Api
         at.ok_or_else(|| bad("value outside the body".into()))
     };
     let mut out = BytesMut::with_capacity(body.len() + members.len() + 24);
-    match top.get("stream_options") {
+    match options {
         Some(raw) if raw.get().starts_with('{') => {
             let (at, text) = (offset_of(raw)?, raw.get());
             let close = at + text.len() - 1;
@@ -282,7 +433,9 @@ fn splice_stream_options(body: &Bytes, want: InjectedUsage) -> Result<Bytes, Api
             // `null` (anything else was refused above): replaced by the object.
             let at = offset_of(raw)?;
             out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(format!("{{{members}}}").as_bytes());
+            out.extend_from_slice(b"{");
+            out.extend_from_slice(members.as_bytes());
+            out.extend_from_slice(b"}");
             out.extend_from_slice(&body[at + raw.get().len()..]);
         }
         None => {
@@ -290,10 +443,11 @@ fn splice_stream_options(body: &Bytes, want: InjectedUsage) -> Result<Bytes, Api
                 .iter()
                 .position(|&b| b == b'{')
                 .ok_or_else(|| bad("not an object".into()))?;
-            let empty = top.is_empty();
             out.extend_from_slice(&body[..=open]);
-            out.extend_from_slice(format!("\"stream_options\":{{{members}}}").as_bytes());
-            if !empty {
+            out.extend_from_slice(b"\"stream_options\":{");
+            out.extend_from_slice(members.as_bytes());
+            out.extend_from_slice(b"}");
+            if members_in_body > 0 {
                 out.extend_from_slice(b",");
             }
             out.extend_from_slice(&body[open + 1..]);
@@ -304,6 +458,8 @@ fn splice_stream_options(body: &Bytes, want: InjectedUsage) -> Result<Bytes, Api
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     fn p(e: Endpoint, s: &str) -> Result<ParsedRequest, ApiError> {
@@ -433,6 +589,37 @@ mod tests {
             let err = p(e, body).unwrap_err();
             assert_eq!(err.status, http::StatusCode::BAD_REQUEST, "{body}");
             assert_eq!(err.param, param, "{body}");
+        }
+    }
+
+    #[test]
+    fn last_duplicate_wins_and_escapes_are_decoded() {
+        // As the engines' parsers read it: the last `model`, an escaped key, escapes in
+        // the prompt; the members routing does not read are skipped but still checked.
+        let r = p(
+            Endpoint::Completions,
+            r#"{"model":"a","extra":{"deep":[1,{"x":null}]},"mod\u0065l":"b","prompt":"q\n\"x\"","max_tokens":3,"max_tokens":4}"#,
+        )
+        .unwrap();
+        assert_eq!(r.model, "b");
+        assert_eq!(r.prompt, PromptInput::Text("q\n\"x\"".into()));
+        assert_eq!(r.max_tokens, Some(4));
+        let r = p(
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":["a","b\u00e9"],"stream":null,"max_completion_tokens":2,"max_tokens":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.prompt, PromptInput::Text("a\nb\u{e9}".into()));
+        assert_eq!(r.max_tokens, Some(2));
+        assert!(!r.stream);
+        for bad in [
+            r#"{"model":"m","prompt":"x","extra":[1,}"#,
+            r#"{"model":"m","prompt":"x"} trailing"#,
+            r#"{"model":"m","prompt":[[1],2]}"#,
+            r#"{"model":"m","prompt":[1.5]}"#,
+            r#"{"model":"m","prompt":null}"#,
+        ] {
+            assert!(p(Endpoint::Completions, bad).is_err(), "{bad}");
         }
     }
 

@@ -33,7 +33,10 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response, StatusCode};
 use hyper::body::Incoming;
 use rand::Rng;
-use serde::Deserialize;
+use serde::{
+    Deserialize,
+    de::{DeserializeSeed, SeqAccess, Visitor},
+};
 use serde_json::{Map, Value};
 
 use headroom_core::lifecycle;
@@ -76,6 +79,32 @@ struct Chunk<'a> {
     choices: Vec<Choice<'a>>,
 }
 
+/// Notes each element of a content chunk's choices array as it is parsed (no list
+/// is built).
+struct NoteChoices<'t>(&'t mut Transcript);
+
+impl<'de> DeserializeSeed<'de> for NoteChoices<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NoteChoices<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of choices")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(ch) = seq.next_element::<Choice<'de>>()? {
+            self.0.note_choice(ch);
+        }
+        Ok(())
+    }
+}
+
+const CHOICES: &[u8] = b"\"choices\":[";
+
 #[derive(Deserialize)]
 struct Choice<'a> {
     #[serde(default)]
@@ -103,6 +132,18 @@ struct Delta<'a> {
 impl Transcript {
     /// Notes one content event's payload (JSON, `data: ` stripped).
     pub fn note(&mut self, data: &[u8]) {
+        if self.id.is_some()
+            && let Some(at) = memchr::memmem::find(data, CHOICES)
+        {
+            // The header members were kept from the first chunk: later chunks are read
+            // from their choices on (an unescaped `"choices":[` is structural, as in
+            // `sse.rs`), which skips re-reading the id, object and model every token.
+            let mut de = serde_json::Deserializer::from_slice(&data[at + CHOICES.len() - 1..]);
+            if NoteChoices(self).deserialize(&mut de).is_err() {
+                self.opaque = true;
+            }
+            return;
+        }
         let Ok(c) = serde_json::from_slice::<Chunk<'_>>(data) else {
             self.opaque = true;
             return;
@@ -114,23 +155,27 @@ impl Transcript {
             self.model = c.model.map(Cow::into_owned);
         }
         for ch in c.choices {
-            if ch.index != 0 || ch.logprobs.is_some() {
+            self.note_choice(ch);
+        }
+    }
+
+    fn note_choice(&mut self, ch: Choice<'_>) {
+        if ch.index != 0 || ch.logprobs.is_some() {
+            self.opaque = true;
+        }
+        if let Some(t) = ch.text {
+            self.text.push_str(&t);
+        }
+        if let Some(d) = ch.delta {
+            if d.tool_calls.is_some() || d.reasoning_content.is_some() {
                 self.opaque = true;
             }
-            if let Some(t) = ch.text {
+            if let Some(t) = d.content {
                 self.text.push_str(&t);
             }
-            if let Some(d) = ch.delta {
-                if d.tool_calls.is_some() || d.reasoning_content.is_some() {
-                    self.opaque = true;
-                }
-                if let Some(t) = d.content {
-                    self.text.push_str(&t);
-                }
-            }
-            if ch.finish_reason.is_some() {
-                self.finished = true;
-            }
+        }
+        if ch.finish_reason.is_some() {
+            self.finished = true;
         }
     }
 }
