@@ -3,6 +3,9 @@
 //! objectives and a remote one does; baselines stay local while a local candidate is
 //! left; what is learned from a remote placement is engine-side.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use headroom_core::{

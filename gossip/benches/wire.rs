@@ -3,6 +3,9 @@
 //!
 //! `cargo bench -p headroom-gossip --bench wire`
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use headroom_gossip::wire::{self, *};
 use std::hint::black_box;

@@ -1,5 +1,8 @@
 //! Peers without a certificate from the cluster CA cannot join, and are counted.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -16,6 +16,9 @@
 //! real_cpu_journal -- --nocapture`); the assertions are the floor the model must not
 //! fall below on these labels, not the bars.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 use std::{collections::HashMap, io::BufReader, path::PathBuf};
 
 use headroom_predictor::{

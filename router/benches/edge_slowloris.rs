@@ -8,6 +8,9 @@
 //! `edge.header_read_timeout_ms`, default 10000), `SLOWLORIS_CAP` (`edge.max_connections`,
 //! default 4096).
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 use std::{
     net::SocketAddr,
     process::{Child, Command, Stdio},

@@ -2,6 +2,9 @@
 //! rate or concurrency, 503 with `Retry-After` when the fleet is full for a tenant
 //! with nothing running, every refusal OpenAI-shaped and counted in `/metrics`.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -6,6 +6,9 @@
 //! Skips, saying so, only when no Chromium is installed (`scripts/install-chromium.sh`
 //! installs Debian's; CI runs it before the tests). `HEADROOM_CHROMIUM` names another.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{path::PathBuf, process::Command, time::Duration};

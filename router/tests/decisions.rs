@@ -2,6 +2,9 @@
 //! `x-headroom-decision-id`; the record holds every candidate as the policy saw it,
 //! the retries, and once the response ended what was measured; the list filters.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{Behaviour, client, mock, router};

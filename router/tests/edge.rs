@@ -4,6 +4,9 @@
 //! show, every error is OpenAI-shaped, admin endpoints can be moved or locked, and a
 //! replica's 429 is backpressure, not a failure.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

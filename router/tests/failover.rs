@@ -1,6 +1,9 @@
 //! Mid-stream failover through a real router node: a replica that breaks a stream after
 //! sending tokens, and another that continues it (`router/src/proxy/failover.rs`).
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

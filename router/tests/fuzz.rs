@@ -9,6 +9,9 @@
 //! headroom --test fuzz --release` runs long. Inputs under `tests/fuzz_corpus/` (the
 //! checked-in corpus: past crashes and interesting shapes) run every time.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;

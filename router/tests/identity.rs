@@ -3,6 +3,9 @@
 //! and keys reload on SIGHUP without dropping streams; a config with a number out of
 //! range does not start, and says which field.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

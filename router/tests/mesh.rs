@@ -2,6 +2,9 @@
 //! placement booked on one node is seen by the others, a killed node is removed and
 //! its placements expire, and scraping is shared among owners.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

@@ -2,6 +2,9 @@
 //! newcomer, holding a valid certificate for that id, fails to start with an error
 //! naming the id, and the node already running logs it and counts it.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

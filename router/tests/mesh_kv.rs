@@ -9,6 +9,9 @@
 //! replica over (subscribes, replays, `precise` again) within a bounded time.
 //! Prints the sync lag, the KV share's bytes and the handover time.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

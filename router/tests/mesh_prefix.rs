@@ -2,6 +2,9 @@
 //! through node A is recorded in node B's prefix index (gossiped `prefix/<replica>`),
 //! so a repeat through B goes to the replica that holds it.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

@@ -4,6 +4,9 @@
 //! client's `traceparent` makes them children of its span, the replica is sent the
 //! router's own `traceparent`, and a refused request's span says so.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{

@@ -2,6 +2,9 @@
 //! intact, errors are OpenAI-shaped, retries happen only before the first byte, and a
 //! replica dying mid-stream ends the stream cleanly.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{sync::atomic::Ordering::SeqCst, time::Duration};

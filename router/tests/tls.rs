@@ -2,6 +2,9 @@
 //! router speaks HTTPS (a development certificate from rcgen), serves completions over
 //! it, and plain HTTP on that port gets no answer.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::{sync::Arc, time::Duration};

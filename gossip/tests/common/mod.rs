@@ -1,5 +1,8 @@
 //! Shared helpers for the loopback mesh tests: certificates in a temp dir, fast configs,
 //! polling with a deadline, and a guard that shuts nodes down.
+
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
 #![allow(dead_code)]
 
 use std::future::Future;

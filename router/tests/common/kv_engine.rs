@@ -4,6 +4,9 @@
 //! `headroom-kv-events`' publisher (the emulator's), found through
 //! `GET /kv_event_sources`.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
+
 use std::{collections::VecDeque, sync::Arc};
 
 use axum::{

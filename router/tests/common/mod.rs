@@ -1,6 +1,8 @@
 //! Test support: an in-process mock replica with scriptable behaviour, and an
 //! in-process router node on an ephemeral loopback port.
 
+// Test code may unwrap: a panic is its failure report (the workspace denies it elsewhere).
+#![allow(clippy::unwrap_used)]
 #![allow(dead_code)]
 
 pub mod kv_engine;
