@@ -28,6 +28,7 @@
 //! Cost: |P| + |D| predictions and |P|·|D| pair evaluations (64 × 64 = 4,096 cheap
 //! evaluations, no predictor calls) per disaggregated decision.
 
+pub mod admit;
 pub mod link;
 
 use headroom_predictor::{ModelState, Prediction};
@@ -43,6 +44,7 @@ use crate::{
     },
     view::{ReplicaView, Role},
 };
+pub use admit::{PdAdmit, admit, no_fit};
 pub use link::{LinkModel, Links, TransferEstimate};
 
 /// `[pd]` in the config: when and how requests are disaggregated.

@@ -263,3 +263,115 @@ fn the_running_requests_guard_applies_on_the_decode_side() {
         assert_eq!(plan.decode[0].index, 2);
     }
 }
+
+/// A fleet no pair fits (every prefill replica ≈ 2.4 s queued, the objective 1.2 s),
+/// and the plan for it.
+fn unfit() -> (
+    Vec<PlainReplica>,
+    SharedPredictor,
+    Vec<crate::ledger::Booking>,
+) {
+    let rs = fleet(&[Role::Prefill, Role::Prefill, Role::Decode, Role::Decode]);
+    let pred = trained(&rs);
+    let mut held = load(&rs[0], 6000, 4);
+    held.extend(load(&rs[1], 6000, 4));
+    (rs, pred, held)
+}
+
+fn with_fallback(mut r: RequestProfile, f: crate::policy::Fallback) -> RequestProfile {
+    r.fallback = f;
+    r
+}
+
+#[test]
+fn an_unfit_pair_waits_within_the_defer_budget_then_goes_least_bad() {
+    use crate::lifecycle::{Admission, DEFER_EXPIRED, DeferLimits, Deferrals};
+    let (rs, pred, _held) = unfit();
+    let profile = with_fallback(req(4000, 1200.0), crate::policy::Fallback::Defer);
+    let limits = DeferLimits {
+        budget: 0.5,
+        max_deferred: 8,
+        max_wait_s: 5.0,
+    };
+    let deferrals = Deferrals::new();
+    let slo = SloConfig::default();
+    // Arrived at 10 s: the deadline is 10 + 0.5 × 1.2 s.
+    let mut adm = Admission::new(&profile, 10.0, limits, deferrals.clone());
+    let mut now = 10.0;
+    let mut waits = 0;
+    let plan = loop {
+        let plan = run(&rs, &pred, &profile, waits).expect("disaggregated");
+        assert!(plan.eval.tier > 0, "no pair fits");
+        match admit(&mut adm, plan, &profile, &slo, now) {
+            PdAdmit::Wait(s) => {
+                assert!((s - slo.defer_poll_ms as f64 / 1e3).abs() < 1e-9);
+                assert_eq!(deferrals.waiting(), 1, "one slot while it waits");
+                now += s;
+                waits += 1;
+                assert!(waits < 100, "the deadline bounds the waits");
+            }
+            PdAdmit::Go(plan) => break plan,
+            PdAdmit::Reject(no) => panic!("defer never rejects: {no:?}"),
+        }
+    };
+    assert_eq!(plan.fallback, Some(DEFER_EXPIRED));
+    assert!(now <= 10.6 + 1e-9 && now > 10.5, "{now}");
+    assert!(waits >= 20, "{waits} waits of 20 ms in 0.6 s");
+    drop(adm);
+    assert_eq!(deferrals.waiting(), 0, "the slot is released");
+}
+
+#[test]
+fn an_unfit_pair_follows_the_tenants_fallback() {
+    use crate::lifecycle::{Admission, DEFER_FULL, DEFERRED, DeferLimits, Deferrals};
+    let (rs, pred, held) = unfit();
+    let slo = SloConfig::default();
+    let limits = DeferLimits {
+        budget: 1.0,
+        max_deferred: 0,
+        max_wait_s: 5.0,
+    };
+    let fresh = |p: &RequestProfile| Admission::new(p, 10.0, limits, Deferrals::new());
+    // Least-bad goes at once with the policy's label.
+    let p = req(4000, 1200.0);
+    let plan = run(&rs, &pred, &p, 1).expect("disaggregated");
+    match admit(&mut fresh(&p), plan, &p, &slo, 10.0) {
+        PdAdmit::Go(plan) => assert_eq!(plan.fallback, Some("no-fit")),
+        other => panic!("{other:?}"),
+    }
+    // Reject: the pair's bounds and a Retry-After of at least a second.
+    let p = with_fallback(req(4000, 1200.0), crate::policy::Fallback::Reject);
+    let plan = run(&rs, &pred, &p, 1).expect("disaggregated");
+    match admit(&mut fresh(&p), plan, &p, &slo, 10.0) {
+        PdAdmit::Reject(no) => {
+            assert!(no.reason.contains("prefill/decode pair"), "{}", no.reason);
+            assert!(no.retry_after_s >= 1.0);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Defer on a node already full of deferred requests: least-bad, `defer-full`.
+    let p = with_fallback(req(4000, 1200.0), crate::policy::Fallback::Defer);
+    let plan = run(&rs, &pred, &p, 1).expect("disaggregated");
+    match admit(&mut fresh(&p), plan, &p, &slo, 10.0) {
+        PdAdmit::Go(plan) => assert_eq!(plan.fallback, Some(DEFER_FULL)),
+        other => panic!("{other:?}"),
+    }
+    // A request that waited and then finds a pair that fits goes `deferred`.
+    let limits = DeferLimits {
+        max_deferred: 8,
+        ..limits
+    };
+    let mut adm = Admission::new(&p, 10.0, limits, Deferrals::new());
+    let plan = run(&rs, &pred, &p, 1).expect("disaggregated");
+    assert!(matches!(
+        admit(&mut adm, plan, &p, &slo, 10.0),
+        PdAdmit::Wait(_)
+    ));
+    drop(held);
+    let plan = run(&rs, &pred, &p, 1).expect("disaggregated");
+    assert_eq!(plan.eval.tier, 0, "the queues drained");
+    match admit(&mut adm, plan, &p, &slo, 10.02) {
+        PdAdmit::Go(plan) => assert_eq!(plan.fallback, Some(DEFERRED)),
+        other => panic!("{other:?}"),
+    }
+}
