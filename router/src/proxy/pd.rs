@@ -80,16 +80,7 @@ pub fn choose(
     }
     if plan.eval.tier > 0 && profile.fallback == Fallback::Reject {
         node.metrics.rejected.with_label_values(&["no_fit"]).inc();
-        let no = headroom_core::policy::NoFit::new(
-            format!(
-                "no prefill/decode pair can meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms; best bounds {:.0} / {:.0} ms",
-                profile.slo.ttft_ms,
-                profile.slo.tpot_ms,
-                plan.prediction.ttft_upper_ms,
-                plan.prediction.tpot_upper_ms
-            ),
-            headroom_core::policy::slo::retry_after_s(&plan.prediction, profile.slo.ttft_ms),
-        );
+        let no = pd::no_fit(&plan, profile);
         return Err(ApiError::no_fit(&no));
     }
     Ok(Some((plan, replicas)))
