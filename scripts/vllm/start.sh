@@ -115,6 +115,7 @@ trap cleanup_on_failure EXIT
 trap 'exit 130' INT TERM
 
 cores="$(nproc)"
+[[ "${HEADROOM_VLLM_PIN:-1}" =~ ^[01]$ ]] || die "HEADROOM_VLLM_PIN must be 0 or 1, not '${HEADROOM_VLLM_PIN}'"
 pin_server() { # I: the taskset prefix for server I, or nothing
     if [[ "${HEADROOM_VLLM_PIN:-1}" == 1 ]]; then echo "taskset -c $(($1 % cores))"; fi
 }
