@@ -94,16 +94,19 @@ pub fn checks(f: &Finished<'_>) -> Vec<Check> {
     let mut out = Vec::new();
     if let (Some(from), Some(to)) = (f.log.fault_s, f.log.recover_s) {
         for (node, id) in f.router_ids.iter().enumerate() {
-            let (fresh, judged) = fresh_samples(f, node, from + PEER_TTL_S, to, None);
-            let share = fresh as f64 / judged.max(1) as f64;
+            let fr = fresh_samples(f, node, from + PEER_TTL_S, to, None);
+            let share = fr.share();
             out.push(Check::new(
                 &format!("{id} sees the mesh whole through the faults"),
-                judged > 0 && share >= MIN_FRESH,
+                fr.judged > 0 && share >= MIN_FRESH,
                 format!(
-                    "every peer live with fresh placements in {fresh} of {judged} samples from {:.1} s to {to:.1} s ({:.0}%, need ≥ {:.0}%)",
+                    "every peer live with fresh placements in {} of {} samples from {:.1} s to {to:.1} s ({:.0}%, need ≥ {:.0}%){}",
+                    fr.fresh,
+                    fr.judged,
                     from + PEER_TTL_S,
                     share * 100.0,
-                    MIN_FRESH * 100.0
+                    MIN_FRESH * 100.0,
+                    fr.stale_note()
                 ),
             ));
         }

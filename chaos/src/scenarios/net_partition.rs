@@ -100,29 +100,88 @@ pub async fn wait_whole(ctx: &mut Ctx<'_>, label: &str, from: f64, bound: f64) {
     }
 }
 
+/// How fresh one node's view of its peers was over a window.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    /// Samples in which every peer was live with fresh placements.
+    pub fresh: usize,
+    /// Samples judged.
+    pub judged: usize,
+    /// The first few samples that were not fresh: when, and which peer was missing.
+    pub stale: Vec<String>,
+}
+
+impl Freshness {
+    pub fn share(&self) -> f64 {
+        self.fresh as f64 / self.judged.max(1) as f64
+    }
+
+    /// The stale samples, for a check's detail (empty when none).
+    pub fn stale_note(&self) -> String {
+        if self.stale.is_empty() {
+            String::new()
+        } else {
+            format!("; not fresh at {}", self.stale.join(", "))
+        }
+    }
+}
+
+/// Stale samples listed in a [`Freshness`].
+const STALE_LISTED: usize = 6;
+/// How far from a sample the peer's own sample may be to say it had nothing in flight (s).
+const IDLE_MATCH_S: f64 = 0.3;
+
+/// Whether `peer` itself reported nothing in flight on any replica in its sample nearest
+/// to `t_s`: then there were no placements to hold, and their absence is not staleness.
+fn peer_idle(f: &Finished<'_>, peer: usize, t_s: f64) -> bool {
+    f.samples
+        .iter()
+        .filter(|s| s.node == peer && (s.t_s - t_s).abs() <= IDLE_MATCH_S)
+        .min_by(|a, b| (a.t_s - t_s).abs().total_cmp(&(b.t_s - t_s).abs()))
+        .and_then(|s| s.replicas.as_ref())
+        .is_some_and(|rs| rs.iter().all(|r| r.inflight == 0.0))
+}
+
 /// Per node: in how many of its samples taken in `[from, to)` (and outside `skip`)
-/// it saw every peer live with fresh placements — (fresh, judged).
+/// it saw every peer live with fresh placements. A peer that had nothing in flight
+/// itself is not held to having placements seen.
 pub fn fresh_samples(
     f: &Finished<'_>,
     node: usize,
     from: f64,
     to: f64,
     skip: Option<(f64, f64)>,
-) -> (usize, usize) {
-    let judged: Vec<bool> = f
+) -> Freshness {
+    let mut out = Freshness::default();
+    for s in f
         .samples
         .iter()
         .filter(|s| s.node == node && s.members.is_some() && s.t_s >= from && s.t_s < to)
         .filter(|s| skip.is_none_or(|(a, b)| s.t_s < a || s.t_s >= b))
-        .map(|s| {
-            f.router_ids.iter().enumerate().all(|(j, peer)| {
-                j == node
-                    || s.member(peer)
-                        .is_some_and(|m| m.live && m.inflight_replicas.is_some_and(|k| k > 0))
+    {
+        out.judged += 1;
+        let missing: Vec<&str> = f
+            .router_ids
+            .iter()
+            .enumerate()
+            .filter(|(j, peer)| {
+                *j != node
+                    && !s.member(peer).is_some_and(|m| {
+                        m.live
+                            && (m.inflight_replicas.is_some_and(|k| k > 0)
+                                || peer_idle(f, *j, s.t_s))
+                    })
             })
-        })
-        .collect();
-    (judged.iter().filter(|x| **x).count(), judged.len())
+            .map(|(_, peer)| peer.as_str())
+            .collect();
+        if missing.is_empty() {
+            out.fresh += 1;
+        } else if out.stale.len() < STALE_LISTED {
+            out.stale
+                .push(format!("{:.2} s (no {})", s.t_s, missing.join(", ")));
+        }
+    }
+    out
 }
 
 fn per_node(ids: &[String], took: &[Option<f64>]) -> String {
