@@ -40,7 +40,7 @@ use crate::{
         Candidate, CandidateError, RequestProfile, build_candidates,
         candidates::build_role_candidates,
         features,
-        slo::{Eval, SloConfig, evaluate, order},
+        slo::{Eval, SloConfig, evaluate, order, within_tier_key},
     },
     view::{ReplicaView, Role},
 };
@@ -375,12 +375,13 @@ fn best_unified(
         .min_by(|a, b| {
             a.tier
                 .cmp(&b.tier)
-                .then(a.p_violate.total_cmp(&b.p_violate))
+                .then(within_tier_key(a).total_cmp(&within_tier_key(b)))
         })
         .unwrap_or(Eval {
             tier: 2,
             p_violate: 1.0,
             cost: f64::INFINITY,
+            lateness: f64::INFINITY,
             ttft_ok: false,
             tpot_ok: false,
             ttft_headroom_ms: f64::NEG_INFINITY,
@@ -388,9 +389,10 @@ fn best_unified(
         })
 }
 
-/// The `slo` policy's anti-herd rule over pairs: within the best tier, violation
-/// probability within `near_equal` of the best, then cost within `cost_tolerance`
-/// of the cheapest, chosen at random.
+/// The `slo` policy's anti-herd rule over pairs: within the best tier, the tier's key
+/// ([`within_tier_key`]: violation probability within `near_equal` of the best where it
+/// fits, lateness within `cost_tolerance` where it does not), then cost within
+/// `cost_tolerance` of the cheapest, chosen at random.
 fn pick_band(
     evals: &[Eval],
     ranked: &[usize],
@@ -399,11 +401,18 @@ fn pick_band(
 ) -> usize {
     use rand::Rng;
     let first = evals[ranked[0]];
+    let best = within_tier_key(&first);
     let band: Vec<usize> = ranked
         .iter()
         .copied()
         .filter(|&k| {
-            evals[k].tier == first.tier && evals[k].p_violate <= first.p_violate + slo.near_equal
+            let key = within_tier_key(&evals[k]);
+            evals[k].tier == first.tier
+                && if first.tier == 0 {
+                    key <= best + slo.near_equal
+                } else {
+                    key <= best * (1.0 + slo.cost_tolerance) + 1e-9
+                }
         })
         .collect();
     let cheapest = band

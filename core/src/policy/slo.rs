@@ -9,7 +9,9 @@
 //!
 //! Ranking: tier (both met, one missed, both missed), then violation probability, then
 //! cost (predicted latency relative to the objectives, which rewards fast hardware and
-//! prefix-cache hits). The choice is random among near-equals — violation probability
+//! prefix-cache hits); in a tier that misses, lateness (the effective bounds relative to
+//! the objectives) instead of the violation probability, which is near 1 for all there
+//! ([`within_tier_key`]). The choice is random among near-equals — violation probability
 //! within `near_equal` of the best, then cost within `cost_tolerance` of the cheapest —
 //! with hysteresis for this node's previous pick, so nodes holding the same view do
 //! not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
@@ -109,6 +111,10 @@ pub struct Eval {
     pub p_violate: f64,
     /// Predicted latency relative to the objectives (lower is better).
     pub cost: f64,
+    /// The effective bounds relative to the objectives, `TTFT bound / TTFT objective +
+    /// TPOT bound / TPOT objective` (plus the same prefix-miss cost as `cost`): how far
+    /// past its objectives a placement is likely to land. Ranks when nothing fits.
+    pub lateness: f64,
     pub ttft_ok: bool,
     pub tpot_ok: bool,
     pub ttft_headroom_ms: f64,
@@ -146,6 +152,7 @@ pub fn evaluate(
         tier: 2 - ttft_ok as u8 - tpot_ok as u8,
         p_violate: 1.0 - (1.0 - pt) * (1.0 - pp),
         cost: p.ttft_ms / ttft_slo_ms.max(1e-9) + p.tpot_ms / tpot_slo.max(1e-9),
+        lateness: ttft_bound / ttft_slo_ms.max(1e-9) + tpot_bound / tpot_slo.max(1e-9),
         ttft_ok,
         tpot_ok,
         ttft_headroom_ms: ttft_slo_ms - ttft_bound,
@@ -204,13 +211,40 @@ pub fn collateral_violations(p: &Prediction, added_ms: f64, slo_ms: f64) -> f64 
     (after - lognormal_tail(m, s, slo_ms)).max(0.0)
 }
 
-/// Best-first order over evaluations: tier, then violation probability, then cost.
+/// Best-first order over evaluations: tier; within the tier that fits, violation
+/// probability then cost; within a tier that misses, lateness.
 pub fn order(evals: &[Eval], rng: &mut dyn rand::RngCore) -> Vec<usize> {
     let keys: Vec<f64> = evals
         .iter()
-        .map(|e| e.tier as f64 * 10.0 + e.p_violate + e.cost * 1e-3)
+        .map(|e| {
+            let within = if e.tier == 0 {
+                e.p_violate + e.cost * 1e-3
+            } else {
+                e.lateness
+            };
+            e.tier as f64 * TIER_SPACING + within.min(TIER_SPACING / 2.0)
+        })
         .collect();
     rank::by_cost(&keys, rng)
+}
+
+/// Keys of different tiers never overlap (violation probability with collateral is at
+/// most 10; lateness is capped at half of this).
+const TIER_SPACING: f64 = 1e6;
+
+/// What orders candidates within one tier, and how near to the best is equal: the
+/// violation probability (`near`, absolute) where the tier fits; where it does not,
+/// the lateness alone (`cost_tolerance`, relative), then the cost for both.
+///
+/// Why lateness when nothing fits: every candidate's violation probability is then
+/// near 1, and what separated them was the collateral of running requests. On the
+/// real-vLLM pair at 1.8 req/s (2026-12-02, a slower machine) the least-bad choice went
+/// by it to a slow server forecast at 7.8 s over a fast one at 3.9 s, split 75/75, and
+/// the slow server's TTFT median reached 29 s: requests that would miss anyway were
+/// piled where the queue never drained. The effective bound, not the point forecast:
+/// a forecast with large recent errors is judged by them (see [`tail_within`]).
+pub fn within_tier_key(e: &Eval) -> f64 {
+    if e.tier == 0 { e.p_violate } else { e.lateness }
 }
 
 pub struct SloPolicy {
@@ -250,24 +284,23 @@ impl SloPolicy {
         }
         let best = feasible
             .iter()
-            .map(|&i| evals[i].p_violate)
+            .map(|&i| within_tier_key(&evals[i]))
             .fold(f64::INFINITY, f64::min);
         let last = self.last.load(Relaxed);
-        // When nothing fits, violation risk is what matters: a much narrower band.
-        let near = if tier == 0 {
-            self.cfg.near_equal
-        } else {
-            self.cfg.near_equal / 3.0
-        };
         let band: Vec<usize> = feasible
             .into_iter()
             .filter(|&i| {
-                let margin = if cands[i].replica.id() + 1 == last {
-                    near + self.cfg.hysteresis
+                let sticky = cands[i].replica.id() + 1 == last;
+                let key = within_tier_key(&evals[i]);
+                if tier == 0 {
+                    let margin =
+                        self.cfg.near_equal + if sticky { self.cfg.hysteresis } else { 0.0 };
+                    key <= best + margin
                 } else {
-                    near
-                };
-                evals[i].p_violate <= best + margin
+                    let tol =
+                        self.cfg.cost_tolerance + if sticky { self.cfg.hysteresis } else { 0.0 };
+                    key <= best * (1.0 + tol) + 1e-9
+                }
             })
             .collect();
         // Within the band, the cheapest placement (least predicted latency relative to
@@ -422,6 +455,7 @@ impl Policy for SloPolicy {
                 let wasted = best_cached.saturating_sub(c.cached_tokens) as f64
                     / req.prompt_tokens.max(1) as f64;
                 e.cost += self.cfg.cache_weight * wasted;
+                e.lateness += self.cfg.cache_weight * wasted;
                 // A cold replica with nothing on it is safe to try: that is how it warms.
                 // Not with a request whose prefix another replica holds: the try would
                 // repeat that prefill on unknown hardware (a 2,000-token repeat sent to
@@ -637,6 +671,31 @@ mod tests {
         let no = NoFit::new(String::new(), retry_after_s(&pred(1e7, 20.0), 1500.0));
         assert_eq!(no.retry_after_secs(), 60);
         assert_eq!(NoFit::new(String::new(), f64::NAN).retry_after_secs(), 1);
+    }
+
+    /// When nothing fits, the request goes where it lands least far past its
+    /// objectives, not where the collateral of running requests happens to be lowest
+    /// (every own violation probability is ~1 there): a fast replica forecast at 3.9 s
+    /// beats a slow one at 7.8 s against a 1.5 s objective.
+    #[test]
+    fn least_bad_goes_by_lateness_not_saturated_violation_probability() {
+        let mut evals: Vec<Eval> = [pred(3900.0, 33.0), pred(7800.0, 58.0)]
+            .iter()
+            .map(|p| evaluate(p, 1500.0, 60.0, None))
+            .collect();
+        assert!(evals.iter().all(|e| e.tier > 0 && e.p_violate > 0.99));
+        // The fast replica's running requests would lose 0.6 of a TPOT objective to it:
+        // the interference guard adds that and marks its TPOT missed (tier 2 for both).
+        evals[0].p_violate += 0.6;
+        evals[0].tpot_ok = false;
+        evals[0].tier = 2;
+        assert_eq!(evals[1].tier, 2);
+        assert!(evals[1].p_violate < evals[0].p_violate);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        for _ in 0..20 {
+            assert_eq!(order(&evals, &mut rng)[0], 0);
+        }
+        assert!(evals[0].lateness < evals[1].lateness);
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub struct Judged {
     pub tier: u8,
     pub p_violate: f64,
     pub cost: f64,
+    /// What ranks a tier that misses (`slo::Eval::lateness`).
+    pub lateness: f64,
     pub ttft_ok: bool,
     pub tpot_ok: bool,
     pub ttft_headroom_ms: f64,
@@ -168,6 +170,7 @@ impl Decided {
                         tier: e.tier,
                         p_violate: e.p_violate,
                         cost: e.cost,
+                        lateness: e.lateness,
                         ttft_ok: e.ttft_ok,
                         tpot_ok: e.tpot_ok,
                         ttft_headroom_ms: e.ttft_headroom_ms,
@@ -215,8 +218,8 @@ fn why(c: &CandidateRecord, chosen: Option<&CandidateRecord>, fallback: Option<&
                 e.ttft_headroom_ms, e.tpot_headroom_ms, e.p_violate, e.cost
             ),
             (Some(e), None) => format!(
-                "chosen: least bad (tier {}, violation probability {:.3})",
-                e.tier, e.p_violate
+                "chosen: least bad (tier {}, lateness {:.2}, violation probability {:.3})",
+                e.tier, e.lateness, e.p_violate
             ),
             (None, None) => "chosen by the policy's ranking".into(),
         };
@@ -234,6 +237,14 @@ fn why(c: &CandidateRecord, chosen: Option<&CandidateRecord>, fallback: Option<&
             format!(
                 "{place}: predicted to miss {missed} (TTFT headroom {:.0} ms, TPOT headroom {:.1} ms)",
                 e.ttft_headroom_ms, e.tpot_headroom_ms
+            )
+        }
+        (Some(e), Some(we))
+            if e.tier == we.tier && e.tier > 0 && e.lateness > we.lateness + 1e-9 =>
+        {
+            format!(
+                "{place}: later past the objectives (lateness {:.2} against {:.2})",
+                e.lateness, we.lateness
             )
         }
         (Some(e), Some(we)) if e.p_violate > we.p_violate + 1e-9 && e.tier == we.tier => format!(
