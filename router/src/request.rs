@@ -313,6 +313,15 @@ pub fn parse(
     body: &Bytes,
     chunk_usage: bool,
 ) -> Result<ParsedRequest, ApiError> {
+    // JSON is UTF-8 (RFC 8259) and the members routing skips are never decoded, so a
+    // stray byte there would pass through to the engine: one scan of the whole body
+    // makes it a 400 here (the fuzz test found `"\x80"` as a nested key forwarded).
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(ApiError::bad_request(format!(
+            "malformed JSON body: not UTF-8 at byte {}",
+            e.valid_up_to()
+        )));
+    }
     let top = pick(body, &TOP).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => {
             ApiError::bad_request("request body must be a JSON object")
@@ -551,6 +560,16 @@ mod tests {
             let r = p(Endpoint::Completions, sent).unwrap();
             assert_eq!(std::str::from_utf8(&r.upstream_body).unwrap(), upstream);
         }
+    }
+
+    /// A byte that is not UTF-8 inside a member routing never decodes is still a 400,
+    /// not a body forwarded to the engine.
+    #[test]
+    fn a_body_that_is_not_utf8_is_400() {
+        let body = Bytes::from_static(b"{\"model\":\"m\",\"prompt\":\"x\",\"user\":{\"\x80\":1}}");
+        let err = parse(Endpoint::Completions, &body, false).unwrap_err();
+        assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("not UTF-8"), "{}", err.message);
     }
 
     #[test]
