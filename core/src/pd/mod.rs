@@ -40,7 +40,7 @@ use crate::{
         Candidate, CandidateError, RequestProfile, build_candidates,
         candidates::build_role_candidates,
         features,
-        slo::{Eval, SloConfig, evaluate, order, within_tier_key},
+        slo::{Eval, SloConfig, evaluate, near_best, order, within_tier_key},
     },
     view::{ReplicaView, Role},
 };
@@ -405,15 +405,7 @@ fn pick_band(
     let band: Vec<usize> = ranked
         .iter()
         .copied()
-        .filter(|&k| {
-            let key = within_tier_key(&evals[k]);
-            evals[k].tier == first.tier
-                && if first.tier == 0 {
-                    key <= best + slo.near_equal
-                } else {
-                    key <= best * (1.0 + slo.cost_tolerance) + 1e-9
-                }
-        })
+        .filter(|&k| evals[k].tier == first.tier && near_best(&evals[k], best, slo, 0.0))
         .collect();
     let cheapest = band
         .iter()

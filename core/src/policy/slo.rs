@@ -247,6 +247,18 @@ pub fn within_tier_key(e: &Eval) -> f64 {
     if e.tier == 0 { e.p_violate } else { e.lateness }
 }
 
+/// Whether `e`'s [`within_tier_key`] is an equal of the tier's best: within
+/// `near_equal` (absolute) where the tier fits, within `cost_tolerance` (relative)
+/// where it misses; `extra` widens either (hysteresis for the previous pick).
+pub fn near_best(e: &Eval, best: f64, cfg: &SloConfig, extra: f64) -> bool {
+    let key = within_tier_key(e);
+    if e.tier == 0 {
+        key <= best + cfg.near_equal + extra
+    } else {
+        key <= best * (1.0 + cfg.cost_tolerance + extra) + 1e-9
+    }
+}
+
 pub struct SloPolicy {
     predictor: Arc<SharedPredictor>,
     cfg: SloConfig,
@@ -290,17 +302,12 @@ impl SloPolicy {
         let band: Vec<usize> = feasible
             .into_iter()
             .filter(|&i| {
-                let sticky = cands[i].replica.id() + 1 == last;
-                let key = within_tier_key(&evals[i]);
-                if tier == 0 {
-                    let margin =
-                        self.cfg.near_equal + if sticky { self.cfg.hysteresis } else { 0.0 };
-                    key <= best + margin
+                let extra = if cands[i].replica.id() + 1 == last {
+                    self.cfg.hysteresis
                 } else {
-                    let tol =
-                        self.cfg.cost_tolerance + if sticky { self.cfg.hysteresis } else { 0.0 };
-                    key <= best * (1.0 + tol) + 1e-9
-                }
+                    0.0
+                };
+                near_best(&evals[i], best, &self.cfg, extra)
             })
             .collect();
         // Within the band, the cheapest placement (least predicted latency relative to
