@@ -18,7 +18,7 @@ pub enum CandidateError {
     #[error("no healthy replica serves model `{0}`")]
     NoHealthy(String),
     #[error(
-        "prompt ({prompt} tokens) plus max_tokens exceeds the longest context ({max} tokens) of any replica serving `{model}`"
+        "prompt ({prompt} tokens) leaves no room for output in the longest context ({max} tokens) of any replica serving `{model}`"
     )]
     ContextTooLong {
         model: String,
@@ -90,6 +90,13 @@ fn build_candidates_where<'a, R: ReplicaView>(
     let need = req
         .prompt_tokens
         .saturating_add(req.max_tokens.unwrap_or(1).max(1));
+    // vLLM serves a prompt whose max_tokens overruns its context and stops the output
+    // at the context's end (real vLLM 0.32: 3,933 prompt tokens, max_tokens 256,
+    // 163 generated). So a replica that fits the whole request is preferred, one that
+    // fits the prompt and one output token is next, and only a prompt that fits
+    // nowhere is refused.
+    let min_need = req.prompt_tokens.saturating_add(1);
+    let mut short_fit: Vec<usize> = Vec::new();
     let mut out = Vec::with_capacity(replicas.len());
     for (index, r) in replicas.iter().enumerate() {
         if !keep(r) {
@@ -107,29 +114,23 @@ fn build_candidates_where<'a, R: ReplicaView>(
         if let Some(m) = max_len {
             longest = Some(longest.map_or(m, |l| l.max(m)));
             if need > m {
+                if min_need <= m && r.routable() {
+                    short_fit.push(index);
+                }
                 continue;
             }
         }
         if !r.routable() {
             continue;
         }
-        let scraped = r.scraped();
-        let scraped_age_s = scraped
-            .as_ref()
-            .map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
-        let peer = r.peer_load();
-        let kv_capacity_tokens = scraped.as_deref().and_then(Scraped::kv_capacity_tokens);
-        out.push(Candidate {
-            replica: r,
-            index,
-            cached_tokens: 0,
-            own: r.ledger().load(now_s),
-            peers: peer.load,
-            peers_age_s: (now_s - peer.updated_s).max(0.0),
-            scraped: scraped.filter(|_| scraped_age_s <= params.stale_after_s),
-            scraped_age_s,
-            kv_capacity_tokens,
-        });
+        out.push(candidate(r, index, params, now_s));
+    }
+    if out.is_empty() {
+        out.extend(
+            short_fit
+                .into_iter()
+                .map(|i| candidate(&replicas[i], i, params, now_s)),
+        );
     }
     if serving == 0 {
         if unknown_lists > 0 {
@@ -138,7 +139,7 @@ fn build_candidates_where<'a, R: ReplicaView>(
         return Err(CandidateError::UnknownModel(req.model.clone()));
     }
     if out.is_empty() {
-        if let Some(max) = longest.filter(|m| need > *m) {
+        if let Some(max) = longest.filter(|m| min_need > *m) {
             return Err(CandidateError::ContextTooLong {
                 model: req.model.clone(),
                 prompt: req.prompt_tokens,
@@ -149,6 +150,33 @@ fn build_candidates_where<'a, R: ReplicaView>(
     }
     fill_prefix_matches(req, &mut out, prefix, params.block_tokens);
     Ok(out)
+}
+
+/// One replica's candidate row at `now_s`: its own and its peers' load, its scrape where
+/// fresh. Prefix matches are filled in afterwards, over all candidates at once.
+fn candidate<R: ReplicaView>(
+    r: &R,
+    index: usize,
+    params: CandidateParams,
+    now_s: f64,
+) -> Candidate<'_> {
+    let scraped = r.scraped();
+    let scraped_age_s = scraped
+        .as_ref()
+        .map_or(f64::INFINITY, |s| (now_s - s.at_s).max(0.0));
+    let peer = r.peer_load();
+    let kv_capacity_tokens = scraped.as_deref().and_then(Scraped::kv_capacity_tokens);
+    Candidate {
+        replica: r,
+        index,
+        cached_tokens: 0,
+        own: r.ledger().load(now_s),
+        peers: peer.load,
+        peers_age_s: (now_s - peer.updated_s).max(0.0),
+        scraped: scraped.filter(|_| scraped_age_s <= params.stale_after_s),
+        scraped_age_s,
+        kv_capacity_tokens,
+    }
 }
 
 /// Sets each candidate's `cached_tokens` from the prefix index, then from the
@@ -310,6 +338,38 @@ mod tests {
         req.exact_cached[0].tokens = 48;
         fill_prefix_matches(&req, &mut cands, &prefix, 16);
         assert_eq!(cands[0].cached_tokens, 48);
+    }
+
+    fn serving_len(r: &mut PlainReplica, max_model_len: u32) {
+        serving(r, "m");
+        r.models.models[0].max_model_len = Some(max_model_len);
+        r.routable = true;
+    }
+
+    #[test]
+    fn a_request_that_overruns_max_tokens_goes_where_it_fits_best_and_is_refused_only_when_the_prompt_does_not_fit()
+     {
+        let mut rs = testkit::replicas(2);
+        serving_len(&mut rs[0], 4096);
+        serving_len(&mut rs[1], 8192);
+        let prefix = PrefixIndex::new(64);
+        let mut req = testkit::req(4000);
+        req.max_tokens = Some(256);
+        // Only the long-context replica holds the whole request.
+        let c = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap();
+        assert_eq!(c.iter().map(|c| c.index).collect::<Vec<_>>(), vec![1]);
+        // Where no replica holds prompt + max_tokens, the engine stops at its context's
+        // end (vLLM does), so the request still goes out rather than failing here.
+        serving_len(&mut rs[1], 4096);
+        let c = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap();
+        assert_eq!(c.len(), 2);
+        // A prompt that fills the whole context leaves no room for one token: a 400.
+        req.prompt_tokens = 4096;
+        let err = build_candidates(&req, &rs, &prefix, params(), 0.0).unwrap_err();
+        assert!(
+            matches!(err, CandidateError::ContextTooLong { max: 4096, .. }),
+            "{err}"
+        );
     }
 
     #[test]
