@@ -129,10 +129,18 @@ async fn errors_are_openai_json() {
         413,
     )
     .await;
+    // A max_tokens past the context goes on: vLLM stops the output at the context's end.
+    let resp = post(
+        &r.url("/v1/completions"),
+        json!({"model":"m","prompt":"x","max_tokens":100000}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    // A prompt longer than every replica's context (4,096 tokens) is the router's 400.
     check(
         post(
             &r.url("/v1/completions"),
-            json!({"model":"m","prompt":"x","max_tokens":100000}),
+            json!({"model":"m","prompt":vec![1u32; 4097]}),
         )
         .await,
         400,
