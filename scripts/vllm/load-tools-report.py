@@ -131,14 +131,12 @@ def main():
         if expect is not None:
             if own is None:
                 problems.append(f"{tool}: no report")
-            elif (
-                own["failed"]
-                or own["ok"] + own.get("incomplete", 0) < expect
-                or 2 * own["ok"] < expect
-            ):
+            # guidellm drops what it cancels at its count from its totals (0.8.1: 7 ok,
+            # 0 incomplete of 8), so completeness is judged by the router's log below.
+            elif own["failed"] or 2 * own["ok"] < expect:
                 problems.append(
                     f"{tool}: {own['ok']} ok, {own.get('incomplete', 0)} cancelled by the tool, "
-                    f"{own['failed']} failed (expected {expect} ok or cancelled at its end, at least half ok)"
+                    f"{own['failed']} failed (expected no failures and at least half of {expect} ok)"
                 )
             # A client that closes once it has what it wanted (guidellm at its request
             # count) shows as cancelled here while the tool counts it a success.
