@@ -22,7 +22,7 @@
 //! rebuilt whenever a slot arrives, leaves or is pruned), so `own + peers` is the pooled
 //! fleet statistic. `theta` is always finite: a failed solve keeps the previous θ.
 
-use crate::calibration::{ScoreQuantiles, ewma};
+use crate::calibration::{Band, ewma};
 use crate::decay_stats::DecayStats;
 use crate::features::dot;
 use serde::Serialize;
@@ -209,8 +209,8 @@ impl<const D: usize> ClassModel<D> {
 pub(crate) struct ClassTrack {
     pub ttft: ClassModel<{ crate::features::TTFT_DIM }>,
     pub tpot: ClassModel<{ crate::features::TPOT_DIM }>,
-    pub ttft_q: ScoreQuantiles,
-    pub tpot_q: ScoreQuantiles,
+    pub ttft_q: Band,
+    pub tpot_q: Band,
     pub ttft_err: ErrTrack,
     pub tpot_err: ErrTrack,
     pub ttft_gate: Gate,

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::calibration::ScoreQuantiles;
+use crate::calibration::{Band, REGIMES, ScoreQuantiles, regime};
 use crate::class_model::{ClassModel, ClassTrack, ErrTrack, Gate, GateView, SolveParams};
 use crate::config::{CorrectionMode, DriftConfig, PredictorConfig};
 use crate::counters::{CounterValues, Counters};
@@ -35,7 +35,7 @@ use crate::federation::{
 };
 use crate::normal::normal_quantile;
 use crate::observation::{Observation, ReplicaKey};
-use crate::prediction::{ModelState, Prediction, TargetParams};
+use crate::prediction::{ModelState, Prediction, RegimeBand, TargetParams};
 use crate::replica::{CORR_LIMIT, ReplicaTrack, TargetTrack, step_ewma};
 use crate::report::BoundSource;
 use crate::snapshot::Snapshot;
@@ -139,25 +139,55 @@ impl Knobs {
         }
     }
 
-    /// The quantiles a bound uses: the replica's own once it has enough labels, else its
-    /// class's, else the global ones, else a cold default.
+    /// The quantiles a bound in `regime` uses: the first with enough labels of the
+    /// replica's, its class's and the global ones in that regime (`REGIME_MIN_FACTOR`
+    /// times the pooled minimum), then the same three over all regimes, else a cold
+    /// default.
     pub fn backoff(
         &self,
-        replica: Option<&ScoreQuantiles>,
-        class: &ScoreQuantiles,
-        global: &ScoreQuantiles,
+        replica: Option<&Band>,
+        class: &Band,
+        global: &Band,
+        regime: usize,
     ) -> (ScoreQuantiles, BoundSource) {
-        match replica {
-            Some(r) if r.n >= self.backoff_min => return (*r, BoundSource::Replica),
-            _ => {}
+        let levels = [
+            (replica, BoundSource::Replica),
+            (Some(class), BoundSource::Class),
+            (Some(global), BoundSource::Global),
+        ];
+        let pick = |q: fn(&Band, usize) -> &ScoreQuantiles, min: u64| {
+            levels.iter().find_map(|(b, src)| {
+                let q = q((*b)?, regime);
+                (q.n >= min).then_some((*q, *src))
+            })
+        };
+        let cold = (ScoreQuantiles::new(self.cold_hi, 0.0), BoundSource::Cold);
+        let pooled = || pick(|b, _| &b.pooled, self.backoff_min);
+        if regime >= REGIMES {
+            return pooled().unwrap_or(cold);
         }
-        if class.n >= self.backoff_min {
-            (*class, BoundSource::Class)
-        } else if global.n >= self.backoff_min {
-            (*global, BoundSource::Global)
-        } else {
-            (ScoreQuantiles::new(self.cold_hi, 0.0), BoundSource::Cold)
+        pick(|b, r| b.get(r), REGIME_MIN_FACTOR * self.backoff_min)
+            .or_else(pooled)
+            .unwrap_or(cold)
+    }
+
+    /// [`Self::backoff`] in every regime, and over all of them (`pooled`); the source
+    /// reported is the free regime's.
+    pub fn backoff_band(
+        &self,
+        replica: Option<&Band>,
+        class: &Band,
+        global: &Band,
+    ) -> (Band, BoundSource) {
+        let mut out = Band::uniform(ScoreQuantiles::new(self.cold_hi, 0.0));
+        let mut src = BoundSource::Cold;
+        for r in (0..REGIMES).rev() {
+            let (q, s) = self.backoff(replica, class, global, r);
+            out.by_regime[r] = q;
+            src = s;
         }
+        out.pooled = self.backoff(replica, class, global, REGIMES).0;
+        (out, src)
     }
 
     fn correction_applies(&self, target: u8, rt: &TargetTrack) -> bool {
@@ -229,15 +259,15 @@ impl Knobs {
         &self,
         target: u8,
         model: &ClassModel<D>,
-        class_q: &ScoreQuantiles,
+        class_q: &Band,
         class_err: &ErrTrack,
         gate: &Gate,
-        global_q: &ScoreQuantiles,
+        global_q: &Band,
         rt: Option<&TargetTrack>,
         now_s: f64,
     ) -> (TargetParams<D>, BoundSource) {
         let cs = self.class_state(model, gate, now_s);
-        let (q, src) = self.backoff(rt.map(|r| &r.q), class_q, global_q);
+        let (band, src) = self.backoff_band(rt.map(|r| &r.q), class_q, global_q);
         let recent = |e: &ErrTrack| {
             if e.n >= GUARD_MIN_LABELS {
                 (e.abs_ms, e.recent_log)
@@ -256,20 +286,33 @@ impl Knobs {
             }
             None => (1.0, recent(class_err), cs),
         };
-        let mut hi = q.hi;
-        if !model.solved {
-            // Physics prior only: never tighter than the cold bound.
-            hi = hi.max(self.cold_hi);
+        let mut bands = [Default::default(); REGIMES];
+        for (b, q) in bands.iter_mut().zip(band.by_regime) {
+            let mut hi = q.hi;
+            if !model.solved {
+                // Physics prior only: never tighter than the cold bound.
+                hi = hi.max(self.cold_hi);
+            }
+            let qq = ScoreQuantiles { hi, ..q };
+            *b = RegimeBand {
+                upper_mult: hi.exp(),
+                median_mult: q.mid.exp(),
+                log_sigma: qq.sigma(self.z_hi),
+            };
         }
-        let qq = ScoreQuantiles { hi, ..q };
+        // The guard compares recent errors, which mix regimes, with the band over all of
+        // them: it is for a model gone wrong, not for the spread between regimes.
+        let mut upper_log = band.pooled.hi;
+        if !model.solved {
+            upper_log = upper_log.max(self.cold_hi);
+        }
+        let upper_log = upper_log.max(0.0);
         (
             TargetParams {
                 theta: model.theta,
                 mult,
-                upper_mult: hi.exp(),
-                upper_log: hi.max(0.0),
-                median_mult: q.mid.exp(),
-                log_sigma: qq.sigma(self.z_hi),
+                bands,
+                upper_log,
                 abs_err_ms: abs_err,
                 recent_log_err: recent_log,
                 state,
@@ -278,6 +321,13 @@ impl Knobs {
         )
     }
 }
+
+/// A regime's own quantiles issue bounds only after this many times the labels a pooled
+/// tracker needs. The regime splits the evidence, and on the RTX 4090 replay, a queue
+/// that built over the first 50 labels, a queued band issuing from 30 of its own labels
+/// (learned on plain scores while the pooled band issued) lagged the ramp: coverage fell
+/// to 0.61 and the replica went stale, where the pooled band kept it at 0.82.
+pub(crate) const REGIME_MIN_FACTOR: u64 = 2;
 
 /// All learned state (what `save_state` persists).
 #[derive(Clone, Debug, Default)]
@@ -294,8 +344,8 @@ pub struct Learner {
     pub(crate) fp: FeatureParams,
     pub(crate) k: Knobs,
     pub(crate) st: LearnerState,
-    pub(crate) global_ttft_q: ScoreQuantiles,
-    pub(crate) global_tpot_q: ScoreQuantiles,
+    pub(crate) global_ttft_q: Band,
+    pub(crate) global_tpot_q: Band,
     pub(crate) counters: Arc<Counters>,
 }
 
@@ -313,7 +363,7 @@ impl Learner {
     pub fn new(cfg: PredictorConfig) -> Self {
         let cfg = cfg.sanitized();
         let k = Knobs::new(&cfg);
-        let cold = ScoreQuantiles::new(k.cold_hi, 0.0);
+        let cold = Band::uniform(ScoreQuantiles::new(k.cold_hi, 0.0));
         let mut st = LearnerState::default();
         // Classes with a configured prior are known (and predicted from it) before any label.
         for p in &cfg.priors {
@@ -365,18 +415,18 @@ impl Learner {
         }
     }
 
-    fn new_class(
-        cfg: &PredictorConfig,
-        k: &Knobs,
-        class: u64,
-        gt: &ScoreQuantiles,
-        gp: &ScoreQuantiles,
-    ) -> ClassTrack {
+    fn new_class(cfg: &PredictorConfig, k: &Knobs, class: u64, gt: &Band, gp: &Band) -> ClassTrack {
         let (tt, tp, kappa) = Self::class_prior(cfg, class);
         let cold = ScoreQuantiles::new(k.cold_hi, 0.0);
-        let init = |g: &ScoreQuantiles| {
-            let q = if g.n >= k.backoff_min { *g } else { cold };
-            ScoreQuantiles { n: 0, ..q }
+        let init = |g: &Band| {
+            let own = |q: ScoreQuantiles| {
+                let q = if q.n >= k.backoff_min { q } else { cold };
+                ScoreQuantiles { n: 0, ..q }
+            };
+            Band {
+                by_regime: g.by_regime.map(own),
+                pooled: own(g.pooled),
+            }
         };
         ClassTrack {
             ttft: ClassModel::new(tt, kappa, TTFT_SPEED_SCALED, TTFT_ANCHOR),
@@ -392,17 +442,11 @@ impl Learner {
         }
     }
 
-    fn new_replica(
-        k: &Knobs,
-        class: u64,
-        ct: &ClassTrack,
-        gt: &ScoreQuantiles,
-        gp: &ScoreQuantiles,
-    ) -> ReplicaTrack {
+    fn new_replica(k: &Knobs, class: u64, ct: &ClassTrack, gt: &Band, gp: &Band) -> ReplicaTrack {
         ReplicaTrack::new(
             class,
-            TargetTrack::new(k.backoff(None, &ct.ttft_q, gt).0),
-            TargetTrack::new(k.backoff(None, &ct.tpot_q, gp).0),
+            TargetTrack::new(k.backoff_band(None, &ct.ttft_q, gt).0),
+            TargetTrack::new(k.backoff_band(None, &ct.tpot_q, gp).0),
         )
     }
 
@@ -540,6 +584,7 @@ impl Learner {
                     gate: &mut ct.ttft_gate,
                     load,
                     global_q: &mut self.global_ttft_q,
+                    regime: regime(&obs),
                     rt: &mut rt.ttft,
                     // TTFT labels of one replica share no window worth excluding.
                     span_start_s: f64::INFINITY,
@@ -574,6 +619,7 @@ impl Learner {
                     gate: &mut ct.tpot_gate,
                     load,
                     global_q: &mut self.global_tpot_q,
+                    regime: regime(&obs),
                     rt: &mut rt.tpot,
                     span_start_s,
                 },
@@ -828,12 +874,14 @@ impl Learner {
 /// Mutable pieces one target's update touches.
 struct Parts<'a, const D: usize> {
     model: &'a mut ClassModel<D>,
-    class_q: &'a mut ScoreQuantiles,
+    class_q: &'a mut Band,
     class_err: &'a mut ErrTrack,
     gate: &'a mut Gate,
     /// The load baseline's L for this label (see [`Gate`]).
     load: f64,
-    global_q: &'a mut ScoreQuantiles,
+    global_q: &'a mut Band,
+    /// The label's regime ([`regime`] of its observation).
+    regime: usize,
     rt: &'a mut TargetTrack,
     /// Start of the interval the label measured (TPOT: its first token); a run of far
     /// residuals jumps only once a label measured an interval after the run's first.
@@ -859,6 +907,7 @@ fn learn_target<const D: usize>(
         gate,
         load,
         global_q,
+        regime,
         rt,
         span_start_s,
     } = p;
@@ -874,7 +923,7 @@ fn learn_target<const D: usize>(
             } else {
                 mu_class
             };
-            let (q, _) = k.backoff(Some(&rt.q), class_q, global_q);
+            let (q, _) = k.backoff(Some(&rt.q), class_q, global_q, regime);
             let mut u = mu * q.hi.exp().max(1.0);
             if rt.err.n >= GUARD_MIN_LABELS && rt.err.recent_log > q.hi.max(0.0) {
                 u = u.max(mu * (k.guard_factor * rt.err.recent_log).exp());
@@ -887,9 +936,9 @@ fn learn_target<const D: usize>(
     // (guard included), so the issued bounds cover 1−α in the long run (ACI); class and
     // global quantiles track the plain score, the clean fallback for new replicas.
     if censored {
-        rt.q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
-        class_q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
-        global_q.update_censored(s, k.alpha, k.eta_hi, k.eta_mid);
+        for b in [&mut rt.q, class_q, global_q] {
+            b.update_censored(regime, s, k.alpha, k.eta_hi, k.eta_mid);
+        }
         if y > upper {
             rt.record_coverage(false, k.ewma_rate);
         }
@@ -905,9 +954,13 @@ fn learn_target<const D: usize>(
         k.upper_quantile,
         k.warm_max_log_err,
     );
-    rt.q.update_with(s, y > upper, k.alpha, k.eta_hi, k.eta_mid);
-    class_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
-    global_q.update(s, k.alpha, k.eta_hi, k.eta_mid);
+    let upd = |b: &mut Band, issued: Option<bool>| {
+        let min = REGIME_MIN_FACTOR * k.backoff_min;
+        b.update(regime, s, issued, min, k.alpha, k.eta_hi, k.eta_mid);
+    };
+    upd(&mut rt.q, Some(y > upper));
+    upd(class_q, None);
+    upd(global_q, None);
     rt.record_coverage(y <= upper, k.ewma_rate);
     // The noise level a jump is judged against, from before this label: the lesser of
     // the replica's and its class's mean |log error| (≈ 0.8 σ for a normal). Updated
@@ -927,7 +980,7 @@ fn learn_target<const D: usize>(
     // No refractory period after an alarm: the jump re-centres the residuals at once,
     // so the next alarm means the next change (a slowed replica recovering).
     let armed = rt.labels >= k.drift.min_labels;
-    let sigma = rt.q.sigma(k.z_hi).max(k.drift.min_sigma);
+    let sigma = rt.q.pooled.sigma(k.z_hi).max(k.drift.min_sigma);
     // A run of residuals far on one side of the correction (winsorised PH needs ~5).
     let dev = r_class - rt.corr;
     let far = dev.abs() > (JUMP_SIGMAS * spread).max(JUMP_MIN_LOG);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
-use crate::calibration::ScoreQuantiles;
+use crate::calibration::Band;
 use crate::class_model::{ClassModel, ClassTrack};
 use crate::config::PredictorConfig;
 use crate::counters::Counters;
@@ -25,7 +25,7 @@ use crate::snapshot::{Snapshot, SnapshotData};
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
 /// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -110,17 +110,14 @@ fn check(ok: bool, what: &str) -> Result<(), PersistError> {
 fn check_params<const D: usize>(p: &TargetParams<D>) -> Result<(), PersistError> {
     check(
         finite(&p.theta)
-            && finite(&[
-                p.mult,
-                p.upper_mult,
-                p.median_mult,
-                p.log_sigma,
-                p.abs_err_ms,
-            ])
+            && finite(&[p.mult, p.upper_log, p.abs_err_ms])
+            && p.bands.iter().all(|b| {
+                finite(&[b.upper_mult, b.median_mult, b.log_sigma])
+                    && b.upper_mult > 0.0
+                    && b.median_mult > 0.0
+                    && b.log_sigma > 0.0
+            })
             && p.mult > 0.0
-            && p.upper_mult > 0.0
-            && p.median_mult > 0.0
-            && p.log_sigma > 0.0
             && p.abs_err_ms >= 0.0
             && p.recent_log_err >= 0.0,
         "non-finite or non-positive prediction parameters",
@@ -176,8 +173,8 @@ struct PersistedLearner {
     landmark_interval_s: f64,
     classes: Vec<(u64, ClassTrack)>,
     replicas: Vec<(u64, ReplicaTrack)>,
-    global_ttft_q: ScoreQuantiles,
-    global_tpot_q: ScoreQuantiles,
+    global_ttft_q: Band,
+    global_tpot_q: Band,
     peers: Vec<(String, PeerSlot)>,
     node_id: Option<String>,
 }
@@ -210,8 +207,10 @@ fn gate_ok(g: &crate::class_model::Gate) -> bool {
     ]) && finite(&g.prev)
 }
 
-fn quant_ok(q: &ScoreQuantiles) -> bool {
-    finite(&[q.hi, q.mid]) && !q.blk_max.is_nan() && !q.prev_max.is_nan() && q.blk_n < 1024
+fn quant_ok(b: &Band) -> bool {
+    b.by_regime.iter().chain([&b.pooled]).all(|q| {
+        finite(&[q.hi, q.mid]) && !q.blk_max.is_nan() && !q.prev_max.is_nan() && q.blk_n < 1024
+    })
 }
 
 fn track_ok(t: &TargetTrack) -> bool {

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::calibration::REGIMES;
 use crate::features::dot;
 use crate::normal::normal_sf;
 
@@ -133,18 +134,28 @@ pub struct TargetParams<const D: usize> {
     pub theta: [f64; D],
     /// exp(per-replica correction) (1 if none applies).
     pub mult: f64,
-    /// exp(tracked upper log quantile).
-    pub upper_mult: f64,
-    /// ln(max(upper_mult, 1)): the relative headroom the guard compares against.
+    /// The calibrated band of each regime ([`crate::calibration::regime`]).
+    pub bands: [RegimeBand; REGIMES],
+    /// max(upper log quantile, 0) over all regimes together: the relative headroom the
+    /// guard compares recent errors (of every regime) against.
     pub upper_log: f64,
-    /// exp(tracked median log quantile).
-    pub median_mult: f64,
-    pub log_sigma: f64,
     /// Recent mean absolute error (ms), 0 if unknown (reported).
     pub abs_err_ms: f64,
     /// Fast EWMA of |log(y/ŷ)| (0 if unknown); feeds the guard.
     pub recent_log_err: f64,
     pub state: ModelState,
+}
+
+/// The band of one regime, as multiples of the point forecast.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct RegimeBand {
+    /// exp(tracked upper log quantile).
+    pub upper_mult: f64,
+    /// exp(tracked median log quantile).
+    pub median_mult: f64,
+    pub log_sigma: f64,
 }
 
 /// One evaluated target.
@@ -164,20 +175,23 @@ impl<const D: usize> TargetParams<D> {
         dot(&self.theta, x).max(floor_ms) * self.mult
     }
 
-    /// μ = max(θ·x, floor)·e^c, U = μ·e^q, widened by the guard when the recent error
-    /// scaled to this prediction, μ·(e^err − 1), exceeds the headroom U − μ.
+    /// μ = max(θ·x, floor)·e^c, U = μ·e^q with q the upper quantile of `regime`'s
+    /// band, widened by the guard when the recent error scaled to this prediction,
+    /// μ·(e^err − 1), exceeds the headroom of the band over all regimes.
     #[inline(always)]
     pub(crate) fn eval(
         &self,
         x: &[f64; D],
+        regime: usize,
         floor_ms: f64,
         guard_factor: f64,
         z_hi: f64,
     ) -> Evaluated {
+        let b = &self.bands[regime.min(REGIMES - 1)];
         let mu = self.mean(x, floor_ms);
-        let mut upper = mu * self.upper_mult.max(1.0);
-        let median = mu * self.median_mult;
-        let mut sigma = self.log_sigma;
+        let mut upper = mu * b.upper_mult.max(1.0);
+        let median = mu * b.median_mult;
+        let mut sigma = b.log_sigma;
         let guarded = self.recent_log_err > self.upper_log;
         if guarded {
             upper = upper.max(mu * (guard_factor * self.recent_log_err).exp());
@@ -223,23 +237,25 @@ mod tests {
         let tp = TargetParams::<2> {
             theta: [10.0, 1.0],
             mult: 1.0,
-            upper_mult: 1.5,
+            bands: [RegimeBand {
+                upper_mult: 1.5,
+                median_mult: 1.0,
+                log_sigma: 0.3,
+            }; REGIMES],
             upper_log: 1.5f64.ln(),
-            median_mult: 1.0,
-            log_sigma: 0.3,
             abs_err_ms: 30.0,
             recent_log_err: 0.3,
             state: ModelState::Warm,
         };
         let z = crate::normal::normal_quantile(0.9);
-        let calm = tp.eval(&[1.0, 10.0], 1.0, 2.0, z); // headroom ln 1.5 = 0.405 > 0.3
+        let calm = tp.eval(&[1.0, 10.0], 0, 1.0, 2.0, z); // headroom ln 1.5 = 0.405 > 0.3
         assert!(!calm.guarded);
         assert_eq!(calm.upper, 30.0);
         let rough = TargetParams {
             recent_log_err: 0.6,
             ..tp
         }
-        .eval(&[1.0, 10.0], 1.0, 2.0, z);
+        .eval(&[1.0, 10.0], 0, 1.0, 2.0, z);
         assert!(rough.guarded);
         assert!((rough.upper - 20.0 * 1.2f64.exp()).abs() < 1e-9);
     }

@@ -5,7 +5,7 @@
 //! through `peer_wc/peer_w` (their count-weighted sums, rebuilt on every slot change), so
 //! merging never feeds back into the own tracker. Calibration quantiles are local only.
 
-use crate::calibration::{ScoreQuantiles, ewma};
+use crate::calibration::{Band, ewma};
 use crate::class_model::ErrTrack;
 use crate::decay_stats::landmark_for;
 use crate::drift::PageHinkley;
@@ -38,7 +38,8 @@ pub(crate) struct TargetTrack {
     /// Forward-decayed label weight behind `corr`, relative to `corr_landmark`.
     pub corr_w: f64,
     pub corr_landmark: f64,
-    pub q: ScoreQuantiles,
+    /// Calibration of this replica's bounds, per regime.
+    pub q: Band,
     /// EWMA of 1{y ≤ issued upper bound}.
     pub coverage: f64,
     pub coverage_n: u64,
@@ -59,7 +60,7 @@ pub(crate) struct TargetTrack {
 }
 
 impl TargetTrack {
-    pub fn new(q: ScoreQuantiles) -> Self {
+    pub fn new(q: Band) -> Self {
         Self {
             corr: 0.0,
             fast: 0.0,
@@ -68,7 +69,7 @@ impl TargetTrack {
             run_first_end_s: 0.0,
             corr_w: 0.0,
             corr_landmark: f64::NEG_INFINITY,
-            q: ScoreQuantiles { n: 0, ..q },
+            q: q.unearned(),
             coverage: 0.0,
             coverage_n: 0,
             err: ErrTrack::default(),
@@ -273,10 +274,11 @@ impl ReplicaTrack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibration::ScoreQuantiles;
 
     #[test]
     fn sign_steps_track_the_median_not_the_mean() {
-        let mut t = TargetTrack::new(ScoreQuantiles::new(0.5, 0.0));
+        let mut t = TargetTrack::new(Band::uniform(ScoreQuantiles::new(0.5, 0.0)));
         // Right-skewed residuals: median 0.1, mean far higher.
         let seq = [0.0, 0.1, 0.2, 0.05, 3.0];
         for i in 0..5000 {
@@ -287,7 +289,7 @@ mod tests {
 
     #[test]
     fn merged_correction_weights_by_count() {
-        let mut t = TargetTrack::new(ScoreQuantiles::new(0.5, 0.0));
+        let mut t = TargetTrack::new(Band::uniform(ScoreQuantiles::new(0.5, 0.0)));
         for i in 0..100 {
             t.step_correction(0.4, 0.05, i as f64, 1e9, 600.0);
         }

@@ -33,9 +33,12 @@ pub struct TargetDiag {
     /// Per-replica log-correction c (merged over peers), and whether predictions use it.
     pub correction_log: f64,
     pub correction_applied: bool,
-    /// Tracked log quantiles of the score actually used for bounds.
+    /// Tracked log quantiles of the score actually used for bounds, for a request that
+    /// starts at once (nothing queued ahead) and for one behind queued work.
     pub upper_log_quantile: f64,
     pub median_log_quantile: f64,
+    pub queued_upper_log_quantile: f64,
+    pub queued_median_log_quantile: f64,
     pub bound_source: BoundSource,
     pub drift_alarms: u64,
     pub drift_active: bool,

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use crate::calibration::{REGIMES, regime};
 use crate::counters::{CounterValues, Counters};
 use crate::fastmap::FastMap;
 use crate::features::{
@@ -17,7 +18,7 @@ use crate::features::{
 use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
 use crate::observation::{Observation, ReplicaKey};
-use crate::prediction::{ModelState, Prediction, TargetParams};
+use crate::prediction::{ModelState, Prediction, RegimeBand, TargetParams};
 use crate::replica::{STEP_FRESH_S, TargetTrack};
 use crate::report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 
@@ -70,8 +71,7 @@ fn diag(
     p_state: ModelState,
     rt: Option<&TargetTrack>,
     class_labels: u64,
-    upper_mult: f64,
-    median_mult: f64,
+    bands: &[RegimeBand; REGIMES],
     src: BoundSource,
     applied: bool,
     resid_var: f64,
@@ -88,8 +88,10 @@ fn diag(
         recent_log_err: rt.filter(|r| r.err.n > 0).map(|r| r.err.log),
         correction_log: rt.map_or(0.0, |r| r.merged_correction(tau)),
         correction_applied: applied,
-        upper_log_quantile: upper_mult.ln(),
-        median_log_quantile: median_mult.ln(),
+        upper_log_quantile: bands[0].upper_mult.ln(),
+        median_log_quantile: bands[0].median_mult.ln(),
+        queued_upper_log_quantile: bands[REGIMES - 1].upper_mult.ln(),
+        queued_median_log_quantile: bands[REGIMES - 1].median_mult.ln(),
         bound_source: src,
         drift_alarms: rt.map_or(0, |r| r.alarms),
         drift_active: rt.is_some_and(|r| r.boost_until_s > now_s),
@@ -155,8 +157,7 @@ impl Snapshot {
                     t.state,
                     None,
                     tn,
-                    t.upper_mult,
-                    t.median_mult,
+                    &t.bands,
                     ts,
                     false,
                     ct.ttft.resid_var,
@@ -168,8 +169,7 @@ impl Snapshot {
                     p.state,
                     None,
                     pn,
-                    p.upper_mult,
-                    p.median_mult,
+                    &p.bands,
                     ps,
                     false,
                     ct.tpot.resid_var,
@@ -237,8 +237,7 @@ impl Snapshot {
                     t.state,
                     Some(&rt.ttft),
                     0,
-                    t.upper_mult,
-                    t.median_mult,
+                    &t.bands,
                     ts,
                     t.mult != 1.0,
                     ct.ttft.resid_var,
@@ -250,8 +249,7 @@ impl Snapshot {
                     p.state,
                     Some(&rt.tpot),
                     0,
-                    p.upper_mult,
-                    p.median_mult,
+                    &p.bands,
                     ps,
                     p.mult != 1.0,
                     ct.tpot.resid_var,
@@ -290,10 +288,12 @@ impl Snapshot {
                 ttft: TargetParams {
                     theta: theta_t,
                     mult: 1.0,
-                    upper_mult: u,
+                    bands: [RegimeBand {
+                        upper_mult: u,
+                        median_mult: 1.0,
+                        log_sigma: s,
+                    }; REGIMES],
                     upper_log: k.cold_hi,
-                    median_mult: 1.0,
-                    log_sigma: s,
                     abs_err_ms: 0.0,
                     recent_log_err: 0.0,
                     state: ModelState::Cold,
@@ -301,10 +301,12 @@ impl Snapshot {
                 tpot: TargetParams {
                     theta: theta_p,
                     mult: 1.0,
-                    upper_mult: u,
+                    bands: [RegimeBand {
+                        upper_mult: u,
+                        median_mult: 1.0,
+                        log_sigma: s,
+                    }; REGIMES],
                     upper_log: k.cold_hi,
-                    median_mult: 1.0,
-                    log_sigma: s,
                     abs_err_ms: 0.0,
                     recent_log_err: 0.0,
                     state: ModelState::Cold,
@@ -381,9 +383,10 @@ impl Snapshot {
     pub fn predict(&self, key: ReplicaKey, obs: &Observation) -> Prediction {
         let e = self.entry(key);
         let d = &self.d;
-        let (xt, xp) = self.with_clean(obs, |o| all_features_on(o, &d.fp, &e.ctx));
-        let t = e.ttft.eval(&xt, d.floor_ms, d.guard_factor, d.z_hi);
-        let p = e.tpot.eval(&xp, d.floor_ms, d.guard_factor, d.z_hi);
+        let ((xt, xp), r) =
+            self.with_clean(obs, |o| (all_features_on(o, &d.fp, &e.ctx), regime(o)));
+        let t = e.ttft.eval(&xt, r, d.floor_ms, d.guard_factor, d.z_hi);
+        let p = e.tpot.eval(&xp, r, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
             ttft_ms: t.mu,
             ttft_upper_ms: t.upper,
