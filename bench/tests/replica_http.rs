@@ -334,7 +334,8 @@ async fn errors_are_openai_json_with_the_right_status() {
     for bad in [
         json!({"prompt": "x", "max_tokens": "many"}),
         json!({"prompt": "x", "n": 3}),
-        json!({"prompt": "x", "max_tokens": 40_000}),
+        json!({"prompt": "x", "max_tokens": 0}),
+        json!({"prompt": vec![1u32; 32768]}),
         json!({"prompt": ""}),
     ] {
         let (s, b) = post(&r, "/v1/completions", bad.clone()).await;
@@ -342,6 +343,15 @@ async fn errors_are_openai_json_with_the_right_status() {
         assert_eq!(b["error"]["code"], 400);
         assert!(b["error"]["message"].is_string());
     }
+    // max_tokens past the context is cut to what is left, as vLLM 0.32 does.
+    let (s, b) = post(
+        &r,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 40_000, "emulator_output_tokens": 3}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["usage"]["completion_tokens"], 3);
     let huge = vec![b'x'; 9 * 1024 * 1024];
     let resp = client()
         .post(format!("{}/v1/completions", r.base))

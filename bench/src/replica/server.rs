@@ -187,18 +187,26 @@ async fn generate(
     }
     let n_prompt = u32::try_from(n_prompt).unwrap_or(u32::MAX);
     let max_len = s.max_model_len;
-    let max_tokens = req.max_tokens.unwrap_or(max_len.saturating_sub(n_prompt));
-    if max_tokens == 0 || u64::from(n_prompt) + u64::from(max_tokens) > u64::from(max_len) {
+    // As vLLM 0.32 (`get_max_tokens`): a prompt that fills the context is refused, and
+    // max_tokens past its end is cut to what is left (the stream stops at the end).
+    if n_prompt >= max_len {
         return Err(ApiError::bad_param(
-            "max_tokens",
+            "prompt",
             format!(
-                "This model's maximum context length is {max_len} tokens. However, you requested \
-                 {} tokens ({n_prompt} in the messages, {max_tokens} in the completion). Please \
-                 reduce the length of the messages or completion.",
-                u64::from(n_prompt) + u64::from(max_tokens)
+                "This model's maximum context length is {max_len} tokens. However, your \
+                 request has {n_prompt} input tokens. Please reduce the length of the input \
+                 messages."
             ),
         ));
     }
+    if req.max_tokens == Some(0) {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        ));
+    }
+    let room = max_len - n_prompt;
+    let max_tokens = req.max_tokens.map_or(room, |m| m.min(room));
     if let Some(KvTransfer::Decode { remote_num_tokens }) = req.kv_transfer {
         receive_kv(&s, &hashes, remote_num_tokens.unwrap_or(n_prompt)).await?;
     }
