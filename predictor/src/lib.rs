@@ -8,7 +8,8 @@
 //! The model (see README.md): per class, a linear model on physically shaped features fitted
 //! by forward-decayed relative least squares with non-negative physics coefficients; per
 //! replica, a multiplicative correction tracked as an online median of the log residual;
-//! per replica, online quantile tracking (ACI) of the log score for calibrated bounds,
+//! per replica, online quantile tracking (ACI) of the log score for calibrated bounds, per
+//! regime (nothing queued ahead, or a queue) and pooled,
 //! with back-off replica → class → global; Page–Hinkley drift detection; Cold/Warm/Stale
 //! states. Class statistics federate exactly through per-node slots ([`FederationSlot`]).
 //!
