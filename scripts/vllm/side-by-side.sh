@@ -11,7 +11,8 @@
 #      HEADROOM_SBS_SYSTEMS (which to run, default all four),
 #      HEADROOM_SBS_JOURNAL_DIR (Headroom's routers write their learner's journal to
 #      DIR/SYSTEM.jsonl, `predictor_journal`; replay: predictor/tests/real_cpu_journal.rs),
-#      HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
+#      HEADROOM_SBS_CONFIG_EXTRA (TOML appended to every Headroom system's config, e.g.
+#      a `[scrape]` table), HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
 # Headroom's decision records go to OUT/decisions-SYSTEM.json (`/debug/decisions`).
 #
 # Every system routes to the same servers in turn; the servers are started once and
@@ -112,6 +113,7 @@ conf_for() { # SYSTEM
             printf "predictor_journal = '%s'\n\n" "$HEADROOM_SBS_JOURNAL_DIR/$1.jsonl"
         fi
         cat "$CONF"
+        if [[ -n "${HEADROOM_SBS_CONFIG_EXTRA:-}" ]]; then printf '%s\n' "$HEADROOM_SBS_CONFIG_EXTRA"; fi
     } > "$c"
     echo "$c"
 }
