@@ -308,8 +308,12 @@ fn default_dns_interval_ms() -> u64 {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScrapeConfig {
-    /// How often each replica's `/metrics` is read.
+    /// How often each replica's `/metrics` is read, at most: the shortest period.
     pub interval_ms: u64,
+    /// Longest share of a replica's time spent answering this node's scrapes, judged
+    /// by each scrape's wall time; costly scrapes are spaced out up to
+    /// `stale_after_ms / 2` (`fleet::pacing`). 0 scrapes every `interval_ms`.
+    pub max_duty: f64,
     pub timeout_ms: u64,
     /// Scraped values older than this are treated as unknown by the policies.
     pub stale_after_ms: u64,
@@ -321,6 +325,7 @@ impl Default for ScrapeConfig {
     fn default() -> Self {
         Self {
             interval_ms: 100,
+            max_duty: 0.01,
             timeout_ms: 500,
             stale_after_ms: 2_000,
             models_interval_ms: 5_000,

@@ -1,8 +1,8 @@
 //! The node's own Prometheus metrics (`/metrics`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets (seconds) wide enough for TTFT of long prompts under load.
@@ -38,6 +38,7 @@ pub struct Metrics {
     pub healthy: IntGaugeVec,
     pub scrape_errors: IntCounterVec,
     pub scrape_rejected: IntCounterVec,
+    pub scrape_period: GaugeVec,
     pub decision_seconds: HistogramVec,
     pub rejected: IntCounterVec,
     pub fallbacks: IntCounterVec,
@@ -177,6 +178,17 @@ impl Metrics {
                     &["replica"],
                 ),
             ),
+            scrape_period: reg(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "headroom_scrape_period_seconds",
+                        "Wait before this node's next /metrics read of the replica (paced to the scrape's cost).",
+                    ),
+                    &["replica"],
+                )
+                .expect("valid"),
+            ),
             decision_seconds: reg(
                 &r,
                 h(
@@ -315,6 +327,11 @@ impl Metrics {
         self.scrape_rejected
             .with_label_values(&[replica])
             .inc_by(n as u64);
+    }
+    pub fn set_scrape_period(&self, replica: &str, wait: std::time::Duration) {
+        self.scrape_period
+            .with_label_values(&[replica])
+            .set(wait.as_secs_f64());
     }
     pub fn ejection(&self, replica: &str) {
         self.ejections.with_label_values(&[replica]).inc();

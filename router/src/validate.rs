@@ -165,6 +165,7 @@ fn replicas(cfg: &RouterConfig, p: &mut Problems) {
 fn fleet(cfg: &RouterConfig, p: &mut Problems) {
     let s = &cfg.scrape;
     p.ms("scrape.interval_ms", s.interval_ms);
+    p.range("scrape.max_duty", s.max_duty, 0.0, 0.5);
     p.ms("scrape.timeout_ms", s.timeout_ms);
     p.ms("scrape.stale_after_ms", s.stale_after_ms);
     p.ms("scrape.models_interval_ms", s.models_interval_ms);

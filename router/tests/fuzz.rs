@@ -494,6 +494,7 @@ const NUMERIC_FIELDS: &[(&str, &str)] = &[
     ("proxy", "idle_timeout_ms"),
     ("proxy", "retry_backoff_ms"),
     ("scrape", "interval_ms"),
+    ("scrape", "max_duty"),
     ("scrape", "timeout_ms"),
     ("scrape", "stale_after_ms"),
     ("health", "probe_interval_ms"),
@@ -533,6 +534,15 @@ fn exercise(cfg: &RouterConfig) {
         assert!(now.checked_add(d).is_some());
     }
     let _ = Duration::from_secs_f64(cfg.slo.probe_idle_s);
+    let mut pacer = headroom::fleet::pacing::ScrapePacer::new(&cfg.scrape);
+    for wall in [
+        Duration::ZERO,
+        Duration::from_millis(6),
+        Duration::from_secs(3_600),
+    ] {
+        pacer.observe(wall);
+        assert!(now.checked_add(pacer.next_wait()).is_some());
+    }
     assert!(cfg.slo.explore.is_finite() && (0.0..=1.0).contains(&cfg.slo.explore));
 }
 

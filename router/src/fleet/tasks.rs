@@ -7,7 +7,10 @@ use rand::Rng;
 use serde_json::Value;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{Fleet, ModelEntry, Replica, ServedModels, Signal, parse_metrics, view::Origin};
+use super::{
+    Fleet, ModelEntry, Replica, ServedModels, Signal, pacing::ScrapePacer, parse_metrics,
+    view::Origin,
+};
 use crate::{clock, config::DnsDiscovery, config::ReplicaConfig, upstream};
 
 const METRICS_MAX_BYTES: usize = 4 << 20;
@@ -46,6 +49,7 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
     let cfg = &fleet.cfg.scrape;
     let period = Duration::from_millis(cfg.interval_ms);
     let timeout = Duration::from_millis(cfg.timeout_ms);
+    let mut pacer = ScrapePacer::new(cfg);
     loop {
         let share = fleet.share();
         if share.as_ref().is_some_and(|s| !s.should_scrape(&r)) {
@@ -58,6 +62,7 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
         // Stamped when the request leaves: a busy engine can take seconds to answer, and
         // the state it reports is no older than this, so ages are never understated.
         let now = clock::now_s();
+        let sent = std::time::Instant::now();
         let result = upstream::get(
             &fleet.client,
             &r.base,
@@ -66,6 +71,7 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
             METRICS_MAX_BYTES,
         )
         .await;
+        pacer.observe(sent.elapsed());
         match result {
             Ok((status, body)) if status.is_success() => {
                 let text = String::from_utf8_lossy(&body);
@@ -98,7 +104,9 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
                 tracing::debug!(replica = %r.name, "scrape failed: {e}");
             }
         }
-        if !pause(period, &token).await {
+        let wait = pacer.next_wait();
+        fleet.metrics.set_scrape_period(&r.name, wait);
+        if !pause(wait, &token).await {
             return;
         }
     }
