@@ -23,6 +23,9 @@ pub struct RouterTimings {
     pub scrape_interval_ms: u64,
     pub scrape_timeout_ms: u64,
     pub stale_after_ms: u64,
+    /// `scrape.max_duty`: the share of a replica's time its scrapes may take (0: the
+    /// configured period always, pacing off).
+    pub scrape_max_duty: f64,
     /// `admission.per_replica_in_flight` (0: the capacity gate off, the default) and
     /// `admission.max_wait_ms` (written only with the gate on).
     pub admission_per_replica: u32,
@@ -45,6 +48,7 @@ impl Default for RouterTimings {
             scrape_interval_ms: 100,
             scrape_timeout_ms: 300,
             stale_after_ms: 1_000,
+            scrape_max_duty: 0.01,
             admission_per_replica: 0,
             admission_max_wait_ms: 5_000,
         }
@@ -60,7 +64,7 @@ impl RouterTimings {
              backoff_initial_ms = {}\nbackoff_max_ms = {}\n\n\
              [proxy]\nconnect_timeout_ms = {}\nfirst_byte_timeout_ms = {}\nidle_timeout_ms = {}\n\
              retries = {}\nfailover_attempts = {}\n\n\
-             [scrape]\ninterval_ms = {}\ntimeout_ms = {}\nstale_after_ms = {}\n",
+             [scrape]\ninterval_ms = {}\ntimeout_ms = {}\nstale_after_ms = {}\nmax_duty = {:?}\n",
             self.probe_interval_ms,
             self.probe_timeout_ms,
             self.eject_after_failures,
@@ -74,6 +78,7 @@ impl RouterTimings {
             self.scrape_interval_ms,
             self.scrape_timeout_ms,
             self.stale_after_ms,
+            self.scrape_max_duty,
         );
         if self.admission_per_replica > 0 {
             t.push_str(&format!(

@@ -13,6 +13,9 @@
 #      DIR/SYSTEM.jsonl, `predictor_journal`; replay: predictor/tests/real_cpu_journal.rs),
 #      HEADROOM_SBS_CONFIG_EXTRA (TOML appended to every Headroom system's config, e.g.
 #      a `[scrape]` table), HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
+#      A Headroom system may carry a variant, `headroom-slo+NAME` (or
+#      `headroom-token-load+NAME`): that policy with the TOML in HEADROOM_SBS_EXTRA_NAME
+#      appended to its config, for A/B runs of a setting on one fleet in one run.
 # Headroom's decision records go to OUT/decisions-SYSTEM.json (`/debug/decisions`).
 #
 # Every system routes to the same servers in turn; the servers are started once and
@@ -54,6 +57,8 @@ mapfile -t URLS < "$RUN/servers.txt"
 log "servers: ${URLS[*]}"
 mkdir -p "$OUT"
 rm -f "$OUT"/run-*.json "$OUT"/live-*.json
+printf '| system | server | preemptions | prompt tokens computed | generated tokens |\n|---|---|---:|---:|---:|\n' \
+    > "$OUT/engine_counters.md"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -65,9 +70,24 @@ wait_up() { # URL PATH
     die "$1$2 never answered"
 }
 
+# The engines' own counters (summed over their label sets), one line per server:
+# preemptions, prompt tokens computed (recomputation after a preemption included) and
+# generated tokens. Their deltas over a system's replay go to OUT/engine_counters.md.
+COUNTERS='vllm:num_preemptions_total vllm:prompt_tokens_total vllm:generation_tokens_total'
+engine_counters() {
+    local u
+    for u in "${URLS[@]}"; do
+        curl -sf "$u/metrics" | awk -v names="$COUNTERS" '
+            BEGIN { n = split(names, k, " ") }
+            { name = $1; sub(/\{.*/, "", name); for (i = 1; i <= n; i++) if (name == k[i]) v[i] += $NF }
+            END { for (i = 1; i <= n; i++) printf "%d ", v[i]; print "" }' || echo "? ? ?"
+    done
+}
+
 # One system: start its router (command in "$@"), replay the workload through it, stop it.
 measure() { # LABEL PORT CMD...
     local label="$1" port="$2"; shift 2
+    local before after i
     log "$label: resetting the servers' prefix caches"
     for u in "${URLS[@]}"; do curl -sf -X POST "$u/reset_prefix_cache" >/dev/null || die "reset_prefix_cache on $u"; done
     log "$label: starting"
@@ -75,6 +95,7 @@ measure() { # LABEL PORT CMD...
     ROUTER_PID=$!
     wait_up "http://127.0.0.1:$port" /v1/models
     sleep 2 # health checks and scrapes settle
+    mapfile -t before < <(engine_counters)
     log "$label: replaying $WORKLOAD"
     "$BIN/headroom-bench" live --target "http://127.0.0.1:$port" --label "$label" \
         --target-pid "$ROUTER_PID" --workload "$WORKLOAD" --slo "$SLO" --model tiny-llama \
@@ -85,6 +106,14 @@ measure() { # LABEL PORT CMD...
         curl -sf "http://127.0.0.1:$port/debug/decisions?limit=4096" > "$OUT/decisions-$label.json" \
             || log "$label: no decision records"
     fi
+    mapfile -t after < <(engine_counters)
+    for i in "${!URLS[@]}"; do
+        read -r -a b <<< "${before[$i]}"; read -r -a a <<< "${after[$i]}"
+        if [[ "${b[0]}" =~ ^[0-9]+$ && "${a[0]}" =~ ^[0-9]+$ ]]; then
+            printf '| %s | %s | %d | %d | %d |\n' "$label" "${URLS[$i]}" \
+                $((a[0] - b[0])) $((a[1] - b[1])) $((a[2] - b[2])) >> "$OUT/engine_counters.md"
+        fi
+    done
     kill -TERM "$ROUTER_PID" 2>/dev/null || true
     wait "$ROUTER_PID" 2>/dev/null || true
     ROUTER_PID=""
@@ -114,6 +143,12 @@ conf_for() { # SYSTEM
         fi
         cat "$CONF"
         if [[ -n "${HEADROOM_SBS_CONFIG_EXTRA:-}" ]]; then printf '%s\n' "$HEADROOM_SBS_CONFIG_EXTRA"; fi
+        if [[ "$1" == *+* ]]; then
+            local var="HEADROOM_SBS_EXTRA_${1#*+}"
+            var="${var//-/_}"
+            [[ -n "${!var:-}" ]] || die "$1: set $var to the TOML of this variant"
+            printf '%s\n' "${!var}"
+        fi
     } > "$c"
     echo "$c"
 }
@@ -121,8 +156,8 @@ conf_for() { # SYSTEM
 for sys in $SYSTEMS; do
     P=$(free_port); Q=$(free_port)
     case "$sys" in
-        headroom-slo) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy slo ;;
-        headroom-token-load) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy token-load ;;
+        headroom-slo|headroom-slo+*) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy slo ;;
+        headroom-token-load|headroom-token-load+*) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy token-load ;;
         vllm-router) measure "$sys" "$P" "$PY/vllm-router" --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
             --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
         sglang-router) measure "$sys" "$P" "$PY/sglang-router" launch --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
@@ -132,4 +167,4 @@ for sys in $SYSTEMS; do
 done
 
 log "wrote $OUT/side_by_side.md"
-cat "$OUT/side_by_side.md"
+cat "$OUT/side_by_side.md" "$OUT/engine_counters.md"

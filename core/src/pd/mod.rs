@@ -386,6 +386,7 @@ fn best_unified(
             tpot_ok: false,
             ttft_headroom_ms: f64::NEG_INFINITY,
             tpot_headroom_ms: f64::NEG_INFINITY,
+            kv_overflow: 0.0,
         })
 }
 

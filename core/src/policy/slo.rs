@@ -5,7 +5,10 @@
 //! the calibrated bound and the point forecast plus its recent absolute error — is
 //! within it. For TPOT the objective is the tighter of the request's and of the
 //! tightest request already running there, so a placement never pushes running
-//! requests past their own TPOT objectives.
+//! requests past their own TPOT objectives. A placement that would overflow the
+//! replica's KV cache ([`kv_room`]: vLLM admits on the prompt alone, so the request
+//! would wait for completions the TTFT forecast does not see) misses its TTFT objective
+//! whatever the forecast, and is later by the share it is over.
 //!
 //! Ranking: tier (both met, one missed, both missed), then violation probability, then
 //! cost (predicted latency relative to the objectives, which rewards fast hardware and
@@ -16,7 +19,8 @@
 //! with hysteresis for this node's previous pick, so nodes holding the same view do
 //! not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
 //! by outstanding tokens instead — this request's uncached prompt tokens and expected
-//! output plus what is already there — which is prefix-aware and load-aware: on the
+//! output plus what is already there, among the candidates with KV room when any has
+//! it — which is prefix-aware and load-aware: on the
 //! heterogeneous real-vLLM pair it met 58% of objectives where `cache_aware` (vllm-router
 //! 38%, sglang-router 34%) did not (same run, `scripts/vllm/side-by-side.sh`); routing by
 //! `cache_aware` itself while cold made the simulator's forecasts worse (one seed's TTFT
@@ -42,7 +46,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Candidate, Choice, DecideCtx, Decision, Fallback, Load, NoFit, Policy, RequestProfile,
-    baselines::TokenLoad, features, rank,
+    baselines::TokenLoad, features, kv_room, rank,
 };
 use crate::region;
 
@@ -71,6 +75,10 @@ pub struct SloConfig {
     /// 7-9 s for 0.3-1.7 s labels with bounds 10× the point, the least-bad choice sent
     /// 48 requests to the slow server, 56% met, where `token-load` met 84%).
     pub min_warm_fraction: f64,
+    /// Judge a placement that would overflow the replica's KV cache (its prompt and
+    /// expected output on top of what is placed there, [`kv_room`]) as missing its TTFT
+    /// objective, and prefer a replica with room while the model is cold.
+    pub kv_room: bool,
     /// How long a deferred request waits between attempts (ms).
     pub defer_poll_ms: u64,
     /// Share of the TTFT objective a request may spend deferred.
@@ -94,6 +102,7 @@ impl Default for SloConfig {
             interference_guard: true,
             explore: 0.01,
             min_warm_fraction: 1.0,
+            kv_room: true,
             defer_poll_ms: 20,
             defer_budget: 0.5,
             max_deferred: 1024,
@@ -119,6 +128,9 @@ pub struct Eval {
     pub tpot_ok: bool,
     pub ttft_headroom_ms: f64,
     pub tpot_headroom_ms: f64,
+    /// How far past its KV capacity the placement takes the replica, as a share of the
+    /// capacity ([`kv_room::overflow`]); 0 with room. Over, the TTFT is judged missed.
+    pub kv_overflow: f64,
 }
 
 /// Judges one prediction against objectives. `tpot_guard_ms` is the tightest TPOT
@@ -157,6 +169,19 @@ pub fn evaluate(
         tpot_ok,
         ttft_headroom_ms: ttft_slo_ms - ttft_bound,
         tpot_headroom_ms: tpot_slo - tpot_bound,
+        kv_overflow: 0.0,
+    }
+}
+
+/// Marks a placement that overflows the replica's KV room (`overflow`, a share of its
+/// capacity, [`kv_room::overflow`]) as missing its TTFT objective, and makes it later by
+/// that share: the TTFT forecast does not see the wait for KV (see [`kv_room`]).
+pub fn judge_kv_room(e: &mut Eval, overflow: f64) {
+    if overflow > 0.0 {
+        e.kv_overflow = overflow;
+        e.ttft_ok = false;
+        e.tier = 2 - e.ttft_ok as u8 - e.tpot_ok as u8;
+        e.lateness += overflow;
     }
 }
 
@@ -275,23 +300,24 @@ impl SloPolicy {
         }
     }
 
-    /// Chooses among the `allowed` candidates of `tier` (0 = feasible), randomised
-    /// among near-equals.
+    /// Chooses among the `allowed` candidates of `tier` (`Some(0)`: those that fit;
+    /// `None`: every one that misses, ranked by lateness alone), randomised among
+    /// near-equals.
     fn pick(
         &self,
         cands: &[Candidate<'_>],
         evals: &[Eval],
-        tier: u8,
+        tier: Option<u8>,
         allowed: &dyn Fn(usize) -> bool,
         ctx: &mut DecideCtx<'_>,
     ) -> Option<usize> {
         let feasible: Vec<usize> = (0..evals.len())
-            .filter(|&i| evals[i].tier == tier && allowed(i))
+            .filter(|&i| tier.map_or(evals[i].tier > 0, |t| evals[i].tier == t) && allowed(i))
             .collect();
         if feasible.is_empty() {
             return None;
         }
-        if tier == 0 && ctx.rng.random::<f64>() < self.cfg.explore {
+        if tier == Some(0) && ctx.rng.random::<f64>() < self.cfg.explore {
             return Some(feasible[ctx.rng.random_range(0..feasible.len())]);
         }
         let best = feasible
@@ -415,8 +441,21 @@ impl Policy for SloPolicy {
                     .tier
                         == 0
             };
-            let mut d =
-                region::decide_within(&TokenLoad, req, cands, ctx, &|i| home(i) || remote_fit(i));
+            let keep = |i: usize| home(i) || remote_fit(i);
+            // By load among those with KV room when any has it; the rest stay retry targets.
+            let room =
+                |i: usize| !self.cfg.kv_room || kv_room::overflow(req, &cands[i], &loads[i]) == 0.0;
+            let any_room = (0..cands.len()).any(|i| keep(i) && room(i));
+            let mut d = region::decide_within(&TokenLoad, req, cands, ctx, &|i| {
+                keep(i) && (room(i) || !any_room)
+            });
+            if let Choice::Route(order) = &mut d.choice {
+                for i in (0..cands.len()).filter(|&i| keep(i)) {
+                    if !order.contains(&i) {
+                        order.push(i);
+                    }
+                }
+            }
             d.predictions = seen;
             d.fallback = Some("cold-model");
             return d;
@@ -471,6 +510,9 @@ impl Policy for SloPolicy {
                     e.tier = 0;
                     e.p_violate = e.p_violate.min(0.1);
                 }
+                if self.cfg.kv_room {
+                    judge_kv_room(&mut e, kv_room::overflow(req, c, load));
+                }
                 e
             })
             .collect();
@@ -480,8 +522,8 @@ impl Policy for SloPolicy {
         let away = |i: usize| !local[i];
         let probe = self.probe(cands, &evals, &home, ctx.now_s);
         let fit = probe
-            .or_else(|| self.pick(cands, &evals, 0, &home, ctx))
-            .or_else(|| self.pick(cands, &evals, 0, &away, ctx));
+            .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
+            .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
         let preds = seen;
         match fit {
             Some(choice) => {
@@ -505,13 +547,15 @@ impl Policy for SloPolicy {
                     preds[b].ttft_upper_ms,
                     preds[b].tpot_upper_ms,
                 );
-                // Least bad: the same choice rule within the best tier present.
-                let best_tier = (0..evals.len())
-                    .filter(|&i| home(i))
-                    .map(|i| evals[i].tier)
-                    .min()
-                    .unwrap_or(2);
-                if let Some(c) = self.pick(cands, &evals, best_tier, &home, ctx) {
+                // Least bad: a replica with KV room before one without, then the
+                // lateness over every tier. Missing one objective or both is a miss
+                // either way; and a tier is only as good as its bounds: on the real-vLLM
+                // pair (2026-12-04, 2.4 req/s) the idle slow server's TPOT bound was
+                // 3.3× its point (71 ms against 60), so "both missed" there ranked below
+                // "TTFT missed" on the fast one with 14 running, 7 queued and its KV
+                // cache 89% over: 102 least-bad placements went there, 71 missed.
+                let pool = least_bad_pool(&evals, &home);
+                if let Some(c) = self.pick(cands, &evals, None, &|i| pool.contains(&i), ctx) {
                     ranked.retain(|&i| i != c);
                     ranked.insert(0, c);
                 }
@@ -536,6 +580,18 @@ impl Policy for SloPolicy {
             }
         }
     }
+}
+
+/// The candidates the least-bad choice ranks by lateness when nothing fits: the
+/// `allowed` ones with KV room, or all `allowed` ones when none has room.
+pub fn least_bad_pool(evals: &[Eval], allowed: &dyn Fn(usize) -> bool) -> Vec<usize> {
+    let ok: Vec<usize> = (0..evals.len()).filter(|&i| allowed(i)).collect();
+    let room: Vec<usize> = ok
+        .iter()
+        .copied()
+        .filter(|&i| evals[i].kv_overflow == 0.0)
+        .collect();
+    if room.is_empty() { ok } else { room }
 }
 
 /// Seconds until the best candidate could meet the request's TTFT objective: the
@@ -703,6 +759,125 @@ mod tests {
             assert_eq!(order(&evals, &mut rng)[0], 0);
         }
         assert!(evals[0].lateness < evals[1].lateness);
+    }
+
+    /// A placement that would overflow its replica's KV cache misses its TTFT objective
+    /// whatever the forecast says, and ranks below one with room; with room nothing
+    /// changes.
+    #[test]
+    fn a_placement_over_the_kv_room_is_judged_late() {
+        let mut evals: Vec<Eval> = [pred(100.0, 9.0), pred(150.0, 18.0)]
+            .iter()
+            .map(|p| evaluate(p, 1500.0, 60.0, None))
+            .collect();
+        let before = evals[1];
+        judge_kv_room(&mut evals[1], 0.0);
+        assert_eq!(evals[1], before, "room: unchanged");
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        assert_eq!(order(&evals, &mut rng)[0], 0, "the faster, cheaper one");
+        judge_kv_room(&mut evals[0], 0.12);
+        assert!(!evals[0].ttft_ok && evals[0].tpot_ok);
+        assert_eq!(evals[0].tier, 1);
+        assert!((evals[0].kv_overflow - 0.12).abs() < 1e-12);
+        for _ in 0..20 {
+            assert_eq!(order(&evals, &mut rng)[0], 1);
+        }
+        // Both over: the one less far over is less late.
+        judge_kv_room(&mut evals[1], 0.5);
+        assert!(evals[0].lateness < evals[1].lateness);
+    }
+
+    /// While the model is cold the fallback ranks by outstanding tokens among the
+    /// replicas with KV room: the one with fewer tokens to go but a full cache (the
+    /// slow real-vLLM server's misses of 2026-12-03, KV 93-98% full) is passed over and
+    /// kept as a retry target.
+    #[test]
+    fn the_cold_fallback_prefers_a_replica_with_kv_room() {
+        use crate::{ledger::Load, policy::peers::testkit};
+        use headroom_predictor::Snapshot;
+        let rs = testkit::replicas(2);
+        let full = Load {
+            requests: 10.0,
+            decoding_requests: 10.0,
+            decode_context_tokens: 8_000.0,
+            decode_remaining_tokens: 100.0,
+            ..Load::default()
+        };
+        let roomy = Load {
+            requests: 4.0,
+            decoding_requests: 4.0,
+            decode_context_tokens: 1_000.0,
+            decode_remaining_tokens: 3_000.0,
+            ..Load::default()
+        };
+        let mut cands = vec![
+            testkit::cand(&rs[0], 0, full),
+            testkit::cand(&rs[1], 0, roomy),
+        ];
+        for c in &mut cands {
+            c.kv_capacity_tokens = Some(8_192);
+        }
+        let req = RequestProfile {
+            model: "m".into(),
+            prompt_tokens: 500,
+            blocks: vec![],
+            max_tokens: Some(200),
+            expected_output_tokens: 200,
+            slo: super::super::Slo {
+                ttft_ms: 1500.0,
+                tpot_ms: 60.0,
+            },
+            priority: 0,
+            fallback: Fallback::LeastBad,
+            stream: true,
+            exact_cached: Vec::new(),
+        };
+        let decide = |kv_room: bool| {
+            let p = SloPolicy::new(
+                Arc::new(SharedPredictor::new(Snapshot::empty())),
+                SloConfig {
+                    kv_room,
+                    ..SloConfig::default()
+                },
+            );
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+            let mut ctx = DecideCtx {
+                now_s: 0.0,
+                rng: &mut rng,
+            };
+            let d = p.decide(&req, &cands, &mut ctx);
+            assert_eq!(d.fallback, Some("cold-model"));
+            match d.choice {
+                Choice::Route(o) => o,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            decide(true),
+            vec![1, 0],
+            "room first, the full one a retry target"
+        );
+        assert_eq!(decide(false), vec![0, 1], "token load alone: the full one");
+    }
+
+    /// Nothing fits: the least bad is among those with KV room, whatever their tier
+    /// (an idle slow replica whose wide TPOT bound says "both missed" against a fast one
+    /// whose cache is full), and among all when none has room.
+    #[test]
+    fn least_bad_is_a_replica_with_kv_room_whatever_its_tier() {
+        let mut fast = evaluate(&pred(207.0, 16.7), 1500.0, 60.0, None);
+        judge_kv_room(&mut fast, 0.18);
+        let mut wide = pred(261.0, 21.7);
+        wide.ttft_upper_ms = 2361.0;
+        wide.tpot_upper_ms = 70.9;
+        let slow = evaluate(&wide, 1500.0, 60.0, None);
+        assert_eq!((fast.tier, slow.tier), (1, 2));
+        let all = |_: usize| true;
+        assert_eq!(least_bad_pool(&[fast, slow], &all), vec![1]);
+        let mut slow_full = slow;
+        judge_kv_room(&mut slow_full, 0.05);
+        assert_eq!(least_bad_pool(&[fast, slow_full], &all), vec![0, 1]);
+        assert_eq!(least_bad_pool(&[fast, slow_full], &|i| i == 0), vec![0]);
     }
 
     #[test]

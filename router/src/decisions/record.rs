@@ -98,6 +98,9 @@ pub struct Judged {
     pub tpot_ok: bool,
     pub ttft_headroom_ms: f64,
     pub tpot_headroom_ms: f64,
+    /// How far past its KV capacity the placement would take the replica (share of the
+    /// capacity; 0: it has room).
+    pub kv_overflow: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -175,6 +178,7 @@ impl Decided {
                         tpot_ok: e.tpot_ok,
                         ttft_headroom_ms: e.ttft_headroom_ms,
                         tpot_headroom_ms: e.tpot_headroom_ms,
+                        kv_overflow: e.kv_overflow,
                     }),
                     why: None,
                 })
@@ -234,8 +238,16 @@ fn why(c: &CandidateRecord, chosen: Option<&CandidateRecord>, fallback: Option<&
                 (false, true) => "the TTFT objective",
                 _ => "the TPOT objective",
             };
+            let kv = if e.kv_overflow > 0.0 {
+                format!(
+                    "; its KV cache would be {:.0}% over capacity",
+                    e.kv_overflow * 100.0
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "{place}: predicted to miss {missed} (TTFT headroom {:.0} ms, TPOT headroom {:.1} ms)",
+                "{place}: predicted to miss {missed} (TTFT headroom {:.0} ms, TPOT headroom {:.1} ms{kv})",
                 e.ttft_headroom_ms, e.tpot_headroom_ms
             )
         }
