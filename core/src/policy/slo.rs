@@ -5,10 +5,11 @@
 //! the calibrated bound and the point forecast plus its recent absolute error — is
 //! within it. For TPOT the objective is the tighter of the request's and of the
 //! tightest request already running there, so a placement never pushes running
-//! requests past their own TPOT objectives. A placement that would overflow the
-//! replica's KV cache ([`kv_room`]: vLLM admits on the prompt alone, so the request
-//! would wait for completions the TTFT forecast does not see) misses its TTFT objective
-//! whatever the forecast, and is later by the share it is over.
+//! requests past their own TPOT objectives. With `kv_room` on (off by default), a
+//! placement that would overflow the replica's KV cache ([`kv_room`]: vLLM admits on
+//! the prompt alone, so the request would wait for completions the TTFT forecast does
+//! not see) misses its TTFT objective whatever the forecast, and is later by the share
+//! it is over.
 //!
 //! Ranking: tier (both met, one missed, both missed), then violation probability, then
 //! cost (predicted latency relative to the objectives, which rewards fast hardware and
@@ -19,8 +20,8 @@
 //! with hysteresis for this node's previous pick, so nodes holding the same view do
 //! not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
 //! by outstanding tokens instead — this request's uncached prompt tokens and expected
-//! output plus what is already there, among the candidates with KV room when any has
-//! it — which is prefix-aware and load-aware: on the
+//! output plus what is already there (with `kv_room`, among the candidates with KV
+//! room when any has it) — which is prefix-aware and load-aware: on the
 //! heterogeneous real-vLLM pair it met 58% of objectives where `cache_aware` (vllm-router
 //! 38%, sglang-router 34%) did not (same run, `scripts/vllm/side-by-side.sh`); routing by
 //! `cache_aware` itself while cold made the simulator's forecasts worse (one seed's TTFT
@@ -77,7 +78,12 @@ pub struct SloConfig {
     pub min_warm_fraction: f64,
     /// Judge a placement that would overflow the replica's KV cache (its prompt and
     /// expected output on top of what is placed there, [`kv_room`]) as missing its TTFT
-    /// objective, and prefer a replica with room while the model is cold.
+    /// objective, and prefer a replica with room while the model is cold and when
+    /// nothing fits. Off by default: the signal predicts TTFT misses on real vLLM (3%
+    /// of placements with room missed, 78% of those 20% or more over), but on the real
+    /// pair at 2 req/s `slo` with it met 93.9/57.1/90.2% (seeds 7/13/11) against
+    /// 86.4/75.9/96.2% without and `token-load`'s 91.8/77.6/93.2%: no gain shown
+    /// (`bench/results/real-vllm/2026-12-04`).
     pub kv_room: bool,
     /// How long a deferred request waits between attempts (ms).
     pub defer_poll_ms: u64,
@@ -102,7 +108,7 @@ impl Default for SloConfig {
             interference_guard: true,
             explore: 0.01,
             min_warm_fraction: 1.0,
-            kv_room: true,
+            kv_room: false,
             defer_poll_ms: 20,
             defer_budget: 0.5,
             max_deferred: 1024,
@@ -547,13 +553,14 @@ impl Policy for SloPolicy {
                     preds[b].ttft_upper_ms,
                     preds[b].tpot_upper_ms,
                 );
-                // Least bad: a replica with KV room before one without, then the
-                // lateness over every tier. Missing one objective or both is a miss
-                // either way; and a tier is only as good as its bounds: on the real-vLLM
-                // pair (2026-12-04, 2.4 req/s) the idle slow server's TPOT bound was
-                // 3.3× its point (71 ms against 60), so "both missed" there ranked below
-                // "TTFT missed" on the fast one with 14 running, 7 queued and its KV
-                // cache 89% over: 102 least-bad placements went there, 71 missed.
+                // Least bad: with `kv_room`, a replica with room before one without;
+                // then the lateness over every tier. Missing one objective or both is a
+                // miss either way, and a tier is only as good as its bounds: on the
+                // real-vLLM pair (2026-12-04, 2.4 req/s, `kv_room` on) the idle slow
+                // server's TPOT bound was 3.3× its point (71 ms against 60), so its
+                // "both missed" ranked below "TTFT missed" on the fast one with 14
+                // running, 7 queued and its KV cache 89% over: 102 least-bad placements
+                // went there, 71 missed.
                 let pool = least_bad_pool(&evals, &home);
                 if let Some(c) = self.pick(cands, &evals, None, &|i| pool.contains(&i), ctx) {
                     ranked.retain(|&i| i != c);
