@@ -16,7 +16,9 @@
 #      A Headroom system may carry a variant, `headroom-slo+NAME` (or
 #      `headroom-token-load+NAME`): that policy with the TOML in HEADROOM_SBS_EXTRA_NAME
 #      appended to its config, for A/B runs of a setting on one fleet in one run.
-# Headroom's decision records go to OUT/decisions-SYSTEM.json (`/debug/decisions`).
+# Headroom's decision records go to OUT/decisions-SYSTEM.json (`/debug/decisions`); the
+# engines' own preemption and token counters over each system's replay to
+# OUT/engine_counters.md.
 #
 # Every system routes to the same servers in turn; the servers are started once and
 # their prefix caches reset before each system (vLLM's dev endpoint), so none inherits
