@@ -57,23 +57,13 @@ pub fn overflow(req: &RequestProfile, c: &Candidate<'_>, load: &Load) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Slo, peers::testkit};
+    use crate::policy::peers::testkit;
 
     fn req(prompt: u32, out: u32) -> RequestProfile {
         RequestProfile {
-            model: "m".into(),
-            prompt_tokens: prompt,
-            blocks: vec![],
             max_tokens: Some(out),
             expected_output_tokens: out,
-            slo: Slo {
-                ttft_ms: 1500.0,
-                tpot_ms: 60.0,
-            },
-            priority: 0,
-            fallback: Default::default(),
-            stream: true,
-            exact_cached: Vec::new(),
+            ..testkit::req(prompt)
         }
     }
 

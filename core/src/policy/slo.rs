@@ -447,20 +447,21 @@ impl Policy for SloPolicy {
                     .tier
                         == 0
             };
-            let keep = |i: usize| home(i) || remote_fit(i);
-            // By load among those with KV room when any has it; the rest stay retry targets.
-            let room =
-                |i: usize| !self.cfg.kv_room || kv_room::overflow(req, &cands[i], &loads[i]) == 0.0;
-            let any_room = (0..cands.len()).any(|i| keep(i) && room(i));
-            let mut d = region::decide_within(&TokenLoad, req, cands, ctx, &|i| {
-                keep(i) && (room(i) || !any_room)
-            });
-            if let Choice::Route(order) = &mut d.choice {
-                for i in (0..cands.len()).filter(|&i| keep(i)) {
-                    if !order.contains(&i) {
-                        order.push(i);
-                    }
+            let keep: Vec<bool> = (0..cands.len()).map(|i| home(i) || remote_fit(i)).collect();
+            // With `kv_room`, by load among those with room when any has it; the rest
+            // follow as retry targets.
+            let mut first = keep.clone();
+            if self.cfg.kv_room {
+                let room: Vec<bool> = (0..cands.len())
+                    .map(|i| keep[i] && kv_room::overflow(req, &cands[i], &loads[i]) == 0.0)
+                    .collect();
+                if room.contains(&true) {
+                    first = room;
                 }
+            }
+            let mut d = region::decide_within(&TokenLoad, req, cands, ctx, &|i| first[i]);
+            if let Choice::Route(order) = &mut d.choice {
+                order.extend((0..cands.len()).filter(|&i| keep[i] && !first[i]));
             }
             d.predictions = seen;
             d.fallback = Some("cold-model");
@@ -561,8 +562,11 @@ impl Policy for SloPolicy {
                 // "both missed" ranked below "TTFT missed" on the fast one with 14
                 // running, 7 queued and its KV cache 89% over: 102 least-bad placements
                 // went there, 71 missed.
-                let pool = least_bad_pool(&evals, &home);
-                if let Some(c) = self.pick(cands, &evals, None, &|i| pool.contains(&i), ctx) {
+                let mut in_pool = vec![false; evals.len()];
+                for i in least_bad_pool(&evals, &home) {
+                    in_pool[i] = true;
+                }
+                if let Some(c) = self.pick(cands, &evals, None, &|i| in_pool[i], ctx) {
                     ranked.retain(|&i| i != c);
                     ranked.insert(0, c);
                 }
@@ -825,19 +829,9 @@ mod tests {
             c.kv_capacity_tokens = Some(8_192);
         }
         let req = RequestProfile {
-            model: "m".into(),
-            prompt_tokens: 500,
-            blocks: vec![],
             max_tokens: Some(200),
             expected_output_tokens: 200,
-            slo: super::super::Slo {
-                ttft_ms: 1500.0,
-                tpot_ms: 60.0,
-            },
-            priority: 0,
-            fallback: Fallback::LeastBad,
-            stream: true,
-            exact_cached: Vec::new(),
+            ..testkit::req(500)
         };
         let decide = |kv_room: bool| {
             let p = SloPolicy::new(
