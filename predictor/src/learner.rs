@@ -268,58 +268,73 @@ impl Knobs {
     ) -> (TargetParams<D>, BoundSource) {
         let cs = self.class_state(model, gate, now_s);
         let (band, src) = self.backoff_band(rt.map(|r| &r.q), class_q, global_q);
-        let recent = |e: &ErrTrack| {
-            if e.n >= GUARD_MIN_LABELS {
-                (e.abs_ms, e.recent_log)
-            } else {
-                (0.0, 0.0)
-            }
-        };
-        let (mult, (abs_err, recent_log), state) = match rt {
+        let (mult, state) = match rt {
             Some(r) => {
                 let mult = if self.correction_applies(target, r) {
                     r.merged_correction(self.solve.tau_s).exp()
                 } else {
                     1.0
                 };
-                (mult, recent(&r.err), self.replica_state(cs, r, now_s))
+                (mult, self.replica_state(cs, r, now_s))
             }
-            None => (1.0, recent(class_err), cs),
+            None => (1.0, cs),
         };
-        let mut bands = [Default::default(); REGIMES];
-        for (b, q) in bands.iter_mut().zip(band.by_regime) {
-            let mut hi = q.hi;
-            if !model.solved {
-                // Physics prior only: never tighter than the cold bound.
-                hi = hi.max(self.cold_hi);
+        let solved_floor = |hi: f64| {
+            if model.solved {
+                hi
+            } else {
+                hi.max(self.cold_hi)
             }
+        };
+        // The guard of a regime with enough recent labels of its own compares them with
+        // its own band; otherwise the recent errors of all regimes with the band over all
+        // of them (a model gone wrong shows in both; the spread between regimes must not).
+        let pooled = (
+            rt.map_or(class_err, |r| &r.err),
+            guard_allowance(solved_floor(band.pooled.hi), band.pooled.mid),
+        );
+        let mut bands = [Default::default(); REGIMES];
+        for (r, (b, q)) in bands.iter_mut().zip(band.by_regime).enumerate() {
+            // Physics prior only: never tighter than the cold bound.
+            let hi = solved_floor(q.hi);
             let qq = ScoreQuantiles { hi, ..q };
+            let (e, guard_log) = match rt.map(|t| &t.err_by_regime[r]) {
+                Some(e) if e.n >= GUARD_MIN_LABELS => (e, guard_allowance(hi, q.mid)),
+                _ => pooled,
+            };
+            let (abs_err_ms, recent_log_err) = if e.n >= GUARD_MIN_LABELS {
+                (e.abs_ms, e.recent_log)
+            } else {
+                (0.0, 0.0)
+            };
             *b = RegimeBand {
                 upper_mult: hi.exp(),
                 median_mult: q.mid.exp(),
                 log_sigma: qq.sigma(self.z_hi),
+                guard_log,
+                abs_err_ms,
+                recent_log_err,
             };
         }
-        // The guard compares recent errors, which mix regimes, with the band over all of
-        // them: it is for a model gone wrong, not for the spread between regimes.
-        let mut upper_log = band.pooled.hi;
-        if !model.solved {
-            upper_log = upper_log.max(self.cold_hi);
-        }
-        let upper_log = upper_log.max(0.0);
         (
             TargetParams {
                 theta: model.theta,
                 mult,
                 bands,
-                upper_log,
-                abs_err_ms: abs_err,
-                recent_log_err: recent_log,
                 state,
             },
             src,
         )
     }
+}
+
+/// The |log error| a band allows before the guard widens it: `hi` above, and its mirror
+/// about the median below (`mid − (hi − mid)`). The guard reads |error|, so a band whose
+/// forecasts run high (mid < 0, hi near 0) would otherwise look broken with every label:
+/// on a tight regime (σ 0.08, mid −0.05) a threshold of `hi` alone guarded most forecasts
+/// and its coverage rose to 0.97.
+pub(crate) fn guard_allowance(hi: f64, mid: f64) -> f64 {
+    (hi + 2.0 * (-mid).max(0.0)).max(0.0)
 }
 
 /// A regime's own quantiles issue bounds only after this many times the labels a pooled
@@ -925,8 +940,9 @@ fn learn_target<const D: usize>(
             };
             let (q, _) = k.backoff(Some(&rt.q), class_q, global_q, regime);
             let mut u = mu * q.hi.exp().max(1.0);
-            if rt.err.n >= GUARD_MIN_LABELS && rt.err.recent_log > q.hi.max(0.0) {
-                u = u.max(mu * (k.guard_factor * rt.err.recent_log).exp());
+            let e = &rt.err_by_regime[regime.min(REGIMES - 1)];
+            if e.n >= GUARD_MIN_LABELS && e.recent_log > q.hi.max(0.0) {
+                u = u.max(mu * (k.guard_factor * e.recent_log).exp());
             }
             (mu, u)
         }
@@ -968,6 +984,12 @@ fn learn_target<const D: usize>(
     let spread = (1.25 * rt.err.log.min(class_err.log)).max(k.drift.min_sigma);
     rt.err
         .update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
+    rt.err_by_regime[regime.min(REGIMES - 1)].update(
+        (y - mu).abs(),
+        s.abs(),
+        k.ewma_rate,
+        k.guard_rate,
+    );
     class_err.update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
 
     // Drift: residual against the corrected class model, whether or not it is applied.

@@ -25,7 +25,7 @@ use crate::snapshot::{Snapshot, SnapshotData};
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
 /// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 6;
+pub const FORMAT_VERSION: u16 = 7;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -110,16 +110,16 @@ fn check(ok: bool, what: &str) -> Result<(), PersistError> {
 fn check_params<const D: usize>(p: &TargetParams<D>) -> Result<(), PersistError> {
     check(
         finite(&p.theta)
-            && finite(&[p.mult, p.upper_log, p.abs_err_ms])
+            && p.mult.is_finite()
             && p.bands.iter().all(|b| {
-                finite(&[b.upper_mult, b.median_mult, b.log_sigma])
+                finite(&[b.upper_mult, b.median_mult, b.log_sigma, b.guard_log])
                     && b.upper_mult > 0.0
                     && b.median_mult > 0.0
                     && b.log_sigma > 0.0
+                    && b.abs_err_ms >= 0.0
+                    && b.recent_log_err >= 0.0
             })
-            && p.mult > 0.0
-            && p.abs_err_ms >= 0.0
-            && p.recent_log_err >= 0.0,
+            && p.mult > 0.0,
         "non-finite or non-positive prediction parameters",
     )
 }

@@ -134,15 +134,9 @@ pub struct TargetParams<const D: usize> {
     pub theta: [f64; D],
     /// exp(per-replica correction) (1 if none applies).
     pub mult: f64,
-    /// The calibrated band of each regime ([`crate::calibration::regime`]).
+    /// The calibrated band of each regime ([`crate::calibration::regime`]), with the
+    /// recent errors the guard and the reported error read in that regime.
     pub bands: [RegimeBand; REGIMES],
-    /// max(upper log quantile, 0) over all regimes together: the relative headroom the
-    /// guard compares recent errors (of every regime) against.
-    pub upper_log: f64,
-    /// Recent mean absolute error (ms), 0 if unknown (reported).
-    pub abs_err_ms: f64,
-    /// Fast EWMA of |log(y/ŷ)| (0 if unknown); feeds the guard.
-    pub recent_log_err: f64,
     pub state: ModelState,
 }
 
@@ -156,6 +150,14 @@ pub struct RegimeBand {
     /// exp(tracked median log quantile).
     pub median_mult: f64,
     pub log_sigma: f64,
+    /// max(upper log quantile, 0) of the tracker `recent_log_err` is compared with: the
+    /// relative headroom the guard allows before it widens the bound.
+    pub guard_log: f64,
+    /// Recent mean absolute error (ms) in this regime, 0 if unknown (reported, and
+    /// `slo`'s effective bound).
+    pub abs_err_ms: f64,
+    /// Fast EWMA of |log(y/ŷ)| in this regime (0 if unknown); feeds the guard.
+    pub recent_log_err: f64,
 }
 
 /// One evaluated target.
@@ -166,6 +168,8 @@ pub(crate) struct Evaluated {
     pub median: f64,
     pub sigma: f64,
     pub guarded: bool,
+    /// The regime's recent mean absolute error (ms).
+    pub abs_err_ms: f64,
 }
 
 impl<const D: usize> TargetParams<D> {
@@ -176,8 +180,8 @@ impl<const D: usize> TargetParams<D> {
     }
 
     /// μ = max(θ·x, floor)·e^c, U = μ·e^q with q the upper quantile of `regime`'s
-    /// band, widened by the guard when the recent error scaled to this prediction,
-    /// μ·(e^err − 1), exceeds the headroom of the band over all regimes.
+    /// band, widened to μ·e^(g·err) by the guard when the regime's recent log error
+    /// exceeds its band's headroom (a model gone wrong faster than ACI follows).
     #[inline(always)]
     pub(crate) fn eval(
         &self,
@@ -192,9 +196,9 @@ impl<const D: usize> TargetParams<D> {
         let mut upper = mu * b.upper_mult.max(1.0);
         let median = mu * b.median_mult;
         let mut sigma = b.log_sigma;
-        let guarded = self.recent_log_err > self.upper_log;
+        let guarded = b.recent_log_err > b.guard_log;
         if guarded {
-            upper = upper.max(mu * (guard_factor * self.recent_log_err).exp());
+            upper = upper.max(mu * (guard_factor * b.recent_log_err).exp());
             sigma = sigma.max((upper / median).ln() / z_hi);
         }
         Evaluated {
@@ -203,6 +207,7 @@ impl<const D: usize> TargetParams<D> {
             median,
             sigma,
             guarded,
+            abs_err_ms: b.abs_err_ms,
         }
     }
 }
@@ -234,29 +239,71 @@ mod tests {
 
     #[test]
     fn guard_widens_only_when_recent_error_exceeds_the_headroom() {
+        let band = RegimeBand {
+            upper_mult: 1.5,
+            median_mult: 1.0,
+            log_sigma: 0.3,
+            guard_log: 1.5f64.ln(),
+            abs_err_ms: 30.0,
+            recent_log_err: 0.3,
+        };
         let tp = TargetParams::<2> {
             theta: [10.0, 1.0],
             mult: 1.0,
-            bands: [RegimeBand {
-                upper_mult: 1.5,
-                median_mult: 1.0,
-                log_sigma: 0.3,
-            }; REGIMES],
-            upper_log: 1.5f64.ln(),
-            abs_err_ms: 30.0,
-            recent_log_err: 0.3,
+            bands: [band; REGIMES],
             state: ModelState::Warm,
         };
         let z = crate::normal::normal_quantile(0.9);
         let calm = tp.eval(&[1.0, 10.0], 0, 1.0, 2.0, z); // headroom ln 1.5 = 0.405 > 0.3
         assert!(!calm.guarded);
         assert_eq!(calm.upper, 30.0);
+        assert_eq!(calm.abs_err_ms, 30.0);
         let rough = TargetParams {
-            recent_log_err: 0.6,
+            bands: [RegimeBand {
+                recent_log_err: 0.6,
+                ..band
+            }; REGIMES],
             ..tp
         }
         .eval(&[1.0, 10.0], 0, 1.0, 2.0, z);
         assert!(rough.guarded);
         assert!((rough.upper - 20.0 * 1.2f64.exp()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_rough_queued_regime_leaves_the_unqueued_bound_alone() {
+        // Real vLLM, 2026-12-04: errors behind a queue (|log| ~1) guarded every forecast,
+        // so bounds with nothing queued were 4-5x the point where their p90 was 1.3x.
+        let calm = RegimeBand {
+            upper_mult: 1.3,
+            median_mult: 1.0,
+            log_sigma: 0.2,
+            guard_log: 1.3f64.ln(),
+            abs_err_ms: 20.0,
+            recent_log_err: 0.15,
+        };
+        let rough = RegimeBand {
+            upper_mult: 3.0,
+            median_mult: 1.2,
+            log_sigma: 0.7,
+            guard_log: 3.0f64.ln(),
+            abs_err_ms: 900.0,
+            recent_log_err: 1.4,
+        };
+        let tp = TargetParams::<1> {
+            theta: [100.0],
+            mult: 1.0,
+            bands: [calm, rough],
+            state: ModelState::Warm,
+        };
+        let z = crate::normal::normal_quantile(0.9);
+        let idle = tp.eval(&[1.0], 0, 1.0, 1.5, z);
+        assert!(!idle.guarded);
+        assert!((idle.upper - 130.0).abs() < 1e-9);
+        assert_eq!(idle.abs_err_ms, 20.0);
+        let queued = tp.eval(&[1.0], 1, 1.0, 1.5, z);
+        assert!(queued.guarded);
+        assert!((queued.upper - 100.0 * (1.5f64 * 1.4).exp()).abs() < 1e-6);
+        assert_eq!(queued.abs_err_ms, 900.0);
     }
 }

@@ -5,7 +5,7 @@
 //! through `peer_wc/peer_w` (their count-weighted sums, rebuilt on every slot change), so
 //! merging never feeds back into the own tracker. Calibration quantiles are local only.
 
-use crate::calibration::{Band, ewma};
+use crate::calibration::{Band, REGIMES, ewma};
 use crate::class_model::ErrTrack;
 use crate::decay_stats::landmark_for;
 use crate::drift::PageHinkley;
@@ -44,6 +44,9 @@ pub(crate) struct TargetTrack {
     pub coverage: f64,
     pub coverage_n: u64,
     pub err: ErrTrack,
+    /// The same errors per regime: the guard and the reported error of a forecast read
+    /// its regime's, so errors behind a queue do not widen bounds where none is.
+    pub err_by_regime: [ErrTrack; REGIMES],
     pub labels: u64,
     pub last_label_s: f64,
     pub ph: PageHinkley,
@@ -73,6 +76,7 @@ impl TargetTrack {
             coverage: 0.0,
             coverage_n: 0,
             err: ErrTrack::default(),
+            err_by_regime: [ErrTrack::default(); REGIMES],
             labels: 0,
             last_label_s: f64::NEG_INFINITY,
             ph: PageHinkley::default(),

@@ -208,6 +208,84 @@ fn a_bound_is_calibrated_apart_for_requests_that_start_at_once_and_those_behind_
     );
 }
 
+/// A burst of bad labels behind a queue (a real engine's admission stall) widens the
+/// bounds of queued forecasts only: the guard reads each regime's own recent errors, so
+/// forecasts with nothing queued keep their tight band (real vLLM, 2026-12-04: a guard
+/// over all regimes issued bounds 4-5x the point where the free regime's p90 was 1.3x).
+#[test]
+fn a_burst_behind_a_queue_does_not_widen_the_bounds_where_nothing_is_queued() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let eng = Engine::h100();
+    let key = ReplicaKey::new(1, 0);
+    let is_queued = |o: &headroom_predictor::Observation| {
+        o.queued_requests > 0.0 || o.queued_prefill_tokens > 0.0
+    };
+    let situation = |rng: &mut ChaCha8Rng, queued: bool| loop {
+        let s = synth::situation(rng, &eng, &Load::moderate());
+        if is_queued(&s.obs) == queued {
+            return s;
+        }
+    };
+    let mut snap = l.snapshot(0.0);
+    for i in 0..3000 {
+        let at = i as f64;
+        if i % 5 == 0 {
+            snap = l.snapshot(at);
+        }
+        let s = situation(&mut rng, i % 3 == 0);
+        let sigma = if i % 3 == 0 { 0.5 } else { 0.08 };
+        let ttft = synth::ttft(&mut rng, &eng, &s);
+        let ttft = synth::noisy(&mut rng, ttft, sigma);
+        let p = snap.predict(key, &s.obs);
+        l.observe(&Sample {
+            key,
+            obs: s.obs,
+            at_s: at,
+            ttft_ms: Some(ttft),
+            predicted: Some(p),
+            ..Default::default()
+        });
+    }
+    for i in 0..8 {
+        let at = 3000.0 + i as f64;
+        let s = situation(&mut rng, true);
+        let p = l.snapshot(at).predict(key, &s.obs);
+        l.observe(&Sample {
+            key,
+            obs: s.obs,
+            at_s: at,
+            ttft_ms: Some(4.0 * p.ttft_ms),
+            predicted: Some(p),
+            ..Default::default()
+        });
+    }
+    let snap = l.snapshot(3010.0);
+    let free = snap.predict(key, &situation(&mut rng, false).obs);
+    let queued = snap.predict(key, &situation(&mut rng, true).obs);
+    let width = |p: &Prediction| p.ttft_upper_ms / p.ttft_ms;
+    eprintln!(
+        "after the burst: free U/μ {:.2} (guarded {}), queued U/μ {:.2} (guarded {})",
+        width(&free),
+        free.ttft_guarded,
+        width(&queued),
+        queued.ttft_guarded
+    );
+    assert!(queued.ttft_guarded, "the queued regime's burst is guarded");
+    assert!(width(&queued) > 3.0, "{:.2}", width(&queued));
+    assert!(
+        width(&free) < 1.35,
+        "the free regime's band holds: {:.2}",
+        width(&free)
+    );
+    assert!(
+        free.ttft_recent_abs_err_ms < 0.2 * queued.ttft_recent_abs_err_ms,
+        "each regime reports its own recent error: {:.1} against {:.1}",
+        free.ttft_recent_abs_err_ms,
+        queued.ttft_recent_abs_err_ms
+    );
+}
+
 #[test]
 fn censored_samples_update_calibration_only_and_only_upward() {
     let mut l = Learner::new(PredictorConfig::default());

@@ -83,6 +83,10 @@ pub struct Forecast {
     pub tpot_upper_ms: f64,
     pub ttft_state: headroom_predictor::ModelState,
     pub tpot_state: headroom_predictor::ModelState,
+    /// The recent-error guard widened the bound (recent errors in this forecast's regime
+    /// beyond what its calibrated band allows).
+    pub ttft_guarded: bool,
+    pub tpot_guarded: bool,
 }
 
 /// The `slo` policy's judgement of one candidate.
@@ -168,6 +172,8 @@ impl Decided {
                         tpot_upper_ms: p.tpot_upper_ms,
                         ttft_state: p.ttft_state,
                         tpot_state: p.tpot_state,
+                        ttft_guarded: p.ttft_guarded,
+                        tpot_guarded: p.tpot_guarded,
                     },
                     eval: n.eval.map(|e| Judged {
                         tier: e.tier,
