@@ -2,11 +2,17 @@
 //! sample is first forecast by the snapshot the trainer last published (as the router
 //! would have, minus the time between dispatch and label), then learned. Prints, per
 //! class and per regime, the forecast's median |log error|, median and mean absolute
-//! percentage error, p90 bound coverage and the share of forecasts from a warm model,
+//! percentage error, p90 bound coverage, the median width of the bound (upper ÷ point)
+//! and the share of forecasts from a warm model,
 //! after the first `--skip` labels of each class. The features are today's code, not the
 //! journal's, so a feature change can be judged on recorded real-engine traffic.
 //!
-//! `cargo run --release -p headroom-predictor --example replay -- [--skip N] JOURNAL.jsonl…`
+//! `cargo run --release -p headroom-predictor --example replay -- [--skip N] [--trace] JOURNAL.jsonl…`
+//!
+//! `--trace` also prints one line per forecast (from the first label): time, class,
+//! regime, the score log(y/ŷ), the bound's width U/ŷ, whether the guard widened it, and
+//! the band it came from (`bound_source`, the free and queued upper log quantiles), so a
+//! bound that stays wide can be traced to the labels that widened it.
 //!
 //! Regimes: `idle` (nothing queued ahead, the engine waits on nothing), `queue` (the
 //! router has requests queued there), `engine-wait` (the engine reports more requests
@@ -20,6 +26,8 @@ use headroom_predictor::{JournalEntry, Learner, ModelState, PredictorConfig, rea
 struct Acc {
     log_err: Vec<f64>,
     ape: Vec<f64>,
+    /// Issued bound over point forecast: how much room a bound leaves an objective.
+    width: Vec<f64>,
     covered: usize,
     warm: usize,
 }
@@ -28,6 +36,7 @@ impl Acc {
     fn push(&mut self, label: f64, point: f64, upper: f64, warm: bool) {
         self.log_err.push((label / point).ln().abs());
         self.ape.push((label - point).abs() / label);
+        self.width.push(upper / point);
         self.covered += usize::from(label <= upper);
         self.warm += usize::from(warm);
     }
@@ -40,11 +49,12 @@ impl Acc {
         };
         let mape = self.ape.iter().sum::<f64>() / n.max(1) as f64;
         format!(
-            "n={n:5}  mdlog {:.3}  MdAPE {:5.1}%  MAPE {:5.1}%  cover {:.3}  warm {:.2}",
+            "n={n:5}  mdlog {:.3}  MdAPE {:5.1}%  MAPE {:5.1}%  cover {:.3}  U/μ p50 {:.2}  warm {:.2}",
             med(&mut self.log_err),
             100.0 * med(&mut self.ape),
             100.0 * mape,
             self.covered as f64 / n.max(1) as f64,
+            med(&mut self.width),
             self.warm as f64 / n.max(1) as f64,
         )
     }
@@ -52,6 +62,7 @@ impl Acc {
 
 fn main() -> Result<(), String> {
     let mut skip = 100usize;
+    let mut trace = false;
     let mut paths = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -60,12 +71,14 @@ fn main() -> Result<(), String> {
                 .next()
                 .and_then(|v| v.parse().ok())
                 .ok_or("--skip takes a count")?;
+        } else if a == "--trace" {
+            trace = true;
         } else {
             paths.push(a);
         }
     }
     if paths.is_empty() {
-        return Err("usage: replay [--skip N] JOURNAL.jsonl…".into());
+        return Err("usage: replay [--skip N] [--trace] JOURNAL.jsonl…".into());
     }
     let mut table: BTreeMap<(String, &str), Acc> = BTreeMap::new();
     for path in &paths {
@@ -90,15 +103,29 @@ fn main() -> Result<(), String> {
                 } if *label > 0.0 => {
                     let n = seen.entry(key.class).or_default();
                     *n += 1;
+                    let p = snap.predict(*key, obs);
+                    let regime = if obs.scraped_waiting > obs.queued_requests {
+                        "engine-wait"
+                    } else if obs.queued_requests > 0.0 {
+                        "queue"
+                    } else {
+                        "idle"
+                    };
+                    if trace && let Some(r) = snap.replica_report(key.replica) {
+                        let t = &r.ttft;
+                        println!(
+                            "trace {:9.2} {:016x} {regime:11} s {:+.2} U/ŷ {:6.2} guard {:5} src {:?} hi {:+.2}/{:+.2}",
+                            e.at_s(),
+                            key.class,
+                            (label / p.ttft_ms).ln(),
+                            p.ttft_upper_ms / p.ttft_ms,
+                            p.ttft_guarded,
+                            t.bound_source,
+                            t.upper_log_quantile,
+                            t.queued_upper_log_quantile,
+                        );
+                    }
                     if *n > skip {
-                        let p = snap.predict(*key, obs);
-                        let regime = if obs.scraped_waiting > obs.queued_requests {
-                            "engine-wait"
-                        } else if obs.queued_requests > 0.0 {
-                            "queue"
-                        } else {
-                            "idle"
-                        };
                         let warm = p.ttft_state == ModelState::Warm;
                         let class = format!("{:016x}", key.class);
                         for r in ["all", regime] {
