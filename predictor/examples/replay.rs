@@ -14,9 +14,11 @@
 //! the band it came from (`bound_source`, the free and queued upper log quantiles), so a
 //! bound that stays wide can be traced to the labels that widened it.
 //!
-//! Regimes: `idle` (nothing queued ahead, the engine waits on nothing), `queue` (the
-//! router has requests queued there), `engine-wait` (the engine reports more requests
-//! waiting than the router has queued: KV full, preempted, or traffic from elsewhere).
+//! Regimes: `idle` (nothing queued ahead, room in the KV cache, the engine waits on
+//! nothing: the predictor's free regime), `kv-full` (nothing queued, but the placement's
+//! KV footprint reaches capacity), `queue` (the router has requests queued there),
+//! `engine-wait` (the engine reports more requests waiting than the router has queued:
+//! KV full, preempted, or traffic from elsewhere).
 
 use std::{collections::BTreeMap, fs::File, io::BufReader};
 
@@ -104,10 +106,14 @@ fn main() -> Result<(), String> {
                     let n = seen.entry(key.class).or_default();
                     *n += 1;
                     let p = snap.predict(*key, obs);
+                    let full = obs.kv_capacity_tokens > 0.0
+                        && obs.kv_footprint_tokens() >= obs.kv_capacity_tokens;
                     let regime = if obs.scraped_waiting > obs.queued_requests {
                         "engine-wait"
                     } else if obs.queued_requests > 0.0 {
                         "queue"
+                    } else if full {
+                        "kv-full"
                     } else {
                         "idle"
                     };

@@ -42,17 +42,22 @@ pub(crate) struct ErrTrack {
     pub abs_ms: f64,
     /// EWMA of |log(y/ŷ)|.
     pub log: f64,
-    /// Fast EWMA of |log(y/ŷ)| (the guard's "recent" error).
-    pub recent_log: f64,
+    /// Fast EWMA of max(log(y/ŷ), 0): how far above their forecasts the recent labels
+    /// came (the guard's "recent" error). One-sided: the guard widens an upper bound, and
+    /// forecasts that ran high say nothing against it (real vLLM at 2.9 req/s: a run of
+    /// labels at 0.25–0.5× their forecast guarded the free regime's bound to 3–4×).
+    pub recent_over: f64,
     pub n: u64,
 }
 
 impl ErrTrack {
+    /// One label, `y` against forecast `mu` (ms).
     #[inline]
-    pub fn update(&mut self, abs_ms: f64, log_abs: f64, rate: f64, fast_rate: f64) {
-        self.abs_ms = ewma(self.abs_ms, abs_ms, rate, self.n);
-        self.log = ewma(self.log, log_abs, rate, self.n);
-        self.recent_log = ewma(self.recent_log, log_abs, fast_rate, self.n);
+    pub fn update(&mut self, y: f64, mu: f64, rate: f64, fast_rate: f64) {
+        let s = (y / mu).ln();
+        self.abs_ms = ewma(self.abs_ms, (y - mu).abs(), rate, self.n);
+        self.log = ewma(self.log, s.abs(), rate, self.n);
+        self.recent_over = ewma(self.recent_over, s.max(0.0), fast_rate, self.n);
         self.n += 1;
     }
 }

@@ -291,7 +291,7 @@ impl Knobs {
         // of them (a model gone wrong shows in both; the spread between regimes must not).
         let pooled = (
             rt.map_or(class_err, |r| &r.err),
-            guard_allowance(solved_floor(band.pooled.hi), band.pooled.mid),
+            solved_floor(band.pooled.hi).max(0.0),
         );
         let mut bands = [Default::default(); REGIMES];
         for (r, (b, q)) in bands.iter_mut().zip(band.by_regime).enumerate() {
@@ -299,11 +299,11 @@ impl Knobs {
             let hi = solved_floor(q.hi);
             let qq = ScoreQuantiles { hi, ..q };
             let (e, guard_log) = match rt.map(|t| &t.err_by_regime[r]) {
-                Some(e) if e.n >= GUARD_MIN_LABELS => (e, guard_allowance(hi, q.mid)),
+                Some(e) if e.n >= GUARD_MIN_LABELS => (e, hi.max(0.0)),
                 _ => pooled,
             };
             let (abs_err_ms, recent_log_err) = if e.n >= GUARD_MIN_LABELS {
-                (e.abs_ms, e.recent_log)
+                (e.abs_ms, e.recent_over)
             } else {
                 (0.0, 0.0)
             };
@@ -328,20 +328,14 @@ impl Knobs {
     }
 }
 
-/// The |log error| a band allows before the guard widens it: `hi` above, and its mirror
-/// about the median below (`mid − (hi − mid)`). The guard reads |error|, so a band whose
-/// forecasts run high (mid < 0, hi near 0) would otherwise look broken with every label:
-/// on a tight regime (σ 0.08, mid −0.05) a threshold of `hi` alone guarded most forecasts
-/// and its coverage rose to 0.97.
-pub(crate) fn guard_allowance(hi: f64, mid: f64) -> f64 {
-    (hi + 2.0 * (-mid).max(0.0)).max(0.0)
-}
-
 /// A regime's own quantiles issue bounds only after this many times the labels a pooled
 /// tracker needs. The regime splits the evidence, and on the RTX 4090 replay, a queue
 /// that built over the first 50 labels, a queued band issuing from 30 of its own labels
 /// (learned on plain scores while the pooled band issued) lagged the ramp: coverage fell
-/// to 0.61 and the replica went stale, where the pooled band kept it at 0.82.
+/// to 0.61 and the replica went stale, where the pooled band kept it at 0.82. Tried for
+/// the free regime alone (real vLLM, 2026-12-04): its tracker's first 30 labels still
+/// hold the cold start's wide steps (the recent cap needs a closed block of 32), and the
+/// free bounds issued from it were 3–7× the point, wider than the pooled band's.
 pub(crate) const REGIME_MIN_FACTOR: u64 = 2;
 
 /// All learned state (what `save_state` persists).
@@ -941,8 +935,8 @@ fn learn_target<const D: usize>(
             let (q, _) = k.backoff(Some(&rt.q), class_q, global_q, regime);
             let mut u = mu * q.hi.exp().max(1.0);
             let e = &rt.err_by_regime[regime.min(REGIMES - 1)];
-            if e.n >= GUARD_MIN_LABELS && e.recent_log > q.hi.max(0.0) {
-                u = u.max(mu * (k.guard_factor * e.recent_log).exp());
+            if e.n >= GUARD_MIN_LABELS && e.recent_over > q.hi.max(0.0) {
+                u = u.max(mu * (k.guard_factor * e.recent_over).exp());
             }
             (mu, u)
         }
@@ -982,15 +976,9 @@ fn learn_target<const D: usize>(
     // the replica's and its class's mean |log error| (≈ 0.8 σ for a normal). Updated
     // first, a change would raise its own bar and never count as far.
     let spread = (1.25 * rt.err.log.min(class_err.log)).max(k.drift.min_sigma);
-    rt.err
-        .update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
-    rt.err_by_regime[regime.min(REGIMES - 1)].update(
-        (y - mu).abs(),
-        s.abs(),
-        k.ewma_rate,
-        k.guard_rate,
-    );
-    class_err.update((y - mu).abs(), s.abs(), k.ewma_rate, k.guard_rate);
+    rt.err.update(y, mu, k.ewma_rate, k.guard_rate);
+    rt.err_by_regime[regime.min(REGIMES - 1)].update(y, mu, k.ewma_rate, k.guard_rate);
+    class_err.update(y, mu, k.ewma_rate, k.guard_rate);
 
     // Drift: residual against the corrected class model, whether or not it is applied.
     let r_class = (y / mu_class).ln();

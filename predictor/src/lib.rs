@@ -48,7 +48,7 @@ pub use federation::{
 pub use journal::{Issued, JournalEntry, read_journal};
 pub use learner::{Learner, Sample};
 pub use normal::{normal_quantile, normal_sf};
-pub use observation::{Observation, ReplicaKey};
+pub use observation::{Observation, ReplicaKey, kv_footprint_tokens};
 pub use persist::FORMAT_VERSION;
 pub use prediction::{ModelState, Prediction, lognormal_tail};
 pub use report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};

@@ -222,7 +222,7 @@ fn track_ok(t: &TargetTrack) -> bool {
         t.coverage,
         t.err.abs_ms,
         t.err.log,
-        t.err.recent_log,
+        t.err.recent_over,
     ]) && quant_ok(&t.q)
         && !t.boost_until_s.is_nan()
         && !t.corr_landmark.is_nan()

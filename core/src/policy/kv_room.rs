@@ -39,12 +39,13 @@ use super::{Candidate, Load, RequestProfile};
 /// docs), and the replica's KV capacity `C`, when it is known.
 pub fn footprint(req: &RequestProfile, c: &Candidate<'_>, load: &Load) -> Option<(f64, f64)> {
     let cap = c.kv_capacity_tokens.filter(|&t| t > 0)? as f64;
-    let uncached = req.prompt_tokens.saturating_sub(c.cached_tokens) as f64;
-    let out = req.expected_output_tokens as f64;
-    let f = load.decode_context_tokens
-        + load.queued_prefill_tokens
-        + uncached
-        + (load.queued_requests + 1.0) * out;
+    let f = headroom_predictor::kv_footprint_tokens(
+        load.decode_context_tokens,
+        load.queued_prefill_tokens,
+        req.prompt_tokens.saturating_sub(c.cached_tokens) as f64,
+        load.queued_requests,
+        req.expected_output_tokens as f64,
+    );
     Some((f, cap))
 }
 
