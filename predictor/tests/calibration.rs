@@ -103,6 +103,31 @@ fn coverage_recovers_within_a_bounded_number_of_labels_after_a_2x_drift() {
     assert!((late - 0.90).abs() <= 0.03, "{late:.3}");
 }
 
+/// Eight labels at `factor` × the forecast issued for them, one a second from `t0`, on
+/// situations drawn by `draw`: a replica that suddenly runs slower (or faster) than its
+/// model says.
+fn off_by(
+    l: &mut Learner,
+    key: ReplicaKey,
+    t0: f64,
+    factor: f64,
+    mut draw: impl FnMut() -> headroom_predictor::Observation,
+) {
+    for i in 0..8 {
+        let at = t0 + i as f64;
+        let obs = draw();
+        let p = l.snapshot(at).predict(key, &obs);
+        l.observe(&Sample {
+            key,
+            obs,
+            at_s: at,
+            ttft_ms: Some(factor * p.ttft_ms),
+            predicted: Some(p),
+            ..Default::default()
+        });
+    }
+}
+
 #[test]
 fn a_prediction_whose_recent_errors_exceed_its_headroom_gets_a_wide_bound() {
     let mut l = Learner::new(PredictorConfig::default());
@@ -117,18 +142,9 @@ fn a_prediction_whose_recent_errors_exceed_its_headroom_gets_a_wide_bound() {
         "no guard while errors are within the headroom"
     );
     // The replica suddenly runs 3× slower than predicted for a handful of labels.
-    for i in 0..8 {
-        let s = synth::situation(&mut rng, &eng, &Load::moderate());
-        let p = l.snapshot(1000.0 + i as f64).predict(key, &s.obs);
-        l.observe(&Sample {
-            key,
-            obs: s.obs,
-            at_s: 1000.0 + i as f64,
-            ttft_ms: Some(3.0 * p.ttft_ms),
-            predicted: Some(p),
-            ..Default::default()
-        });
-    }
+    off_by(&mut l, key, 1000.0, 3.0, || {
+        synth::situation(&mut rng, &eng, &Load::moderate()).obs
+    });
     let rough = l.snapshot(1010.0).predict(key, &probe);
     eprintln!(
         "guard: calm U/μ {:.2}, after 8 bad labels U/μ {:.2} (guarded {})",
@@ -247,19 +263,7 @@ fn a_burst_behind_a_queue_does_not_widen_the_bounds_where_nothing_is_queued() {
             ..Default::default()
         });
     }
-    for i in 0..8 {
-        let at = 3000.0 + i as f64;
-        let s = situation(&mut rng, true);
-        let p = l.snapshot(at).predict(key, &s.obs);
-        l.observe(&Sample {
-            key,
-            obs: s.obs,
-            at_s: at,
-            ttft_ms: Some(4.0 * p.ttft_ms),
-            predicted: Some(p),
-            ..Default::default()
-        });
-    }
+    off_by(&mut l, key, 3000.0, 4.0, || situation(&mut rng, true).obs);
     let snap = l.snapshot(3010.0);
     let free = snap.predict(key, &situation(&mut rng, false).obs);
     let queued = snap.predict(key, &situation(&mut rng, true).obs);
@@ -299,19 +303,9 @@ fn labels_below_their_forecasts_do_not_guard_the_upper_bound() {
     let key = ReplicaKey::new(1, 0);
     let probe = synth::situation(&mut rng, &eng, &Load::moderate()).obs;
     let calm = l.snapshot(1000.0).predict(key, &probe);
-    for i in 0..8 {
-        let at = 1000.0 + i as f64;
-        let s = synth::situation(&mut rng, &eng, &Load::moderate());
-        let p = l.snapshot(at).predict(key, &s.obs);
-        l.observe(&Sample {
-            key,
-            obs: s.obs,
-            at_s: at,
-            ttft_ms: Some(0.3 * p.ttft_ms),
-            predicted: Some(p),
-            ..Default::default()
-        });
-    }
+    off_by(&mut l, key, 1000.0, 0.3, || {
+        synth::situation(&mut rng, &eng, &Load::moderate()).obs
+    });
     let after = l.snapshot(1008.0).predict(key, &probe);
     let width = |p: &Prediction| p.ttft_upper_ms / p.ttft_ms;
     eprintln!(
