@@ -26,6 +26,12 @@
 //!   resynced as above (the index could otherwise keep evicted blocks).
 //! - `approximate` when the subscriber marks the feed stale (disconnected, or
 //!   silent while requests were sent); the next applied frame un-marks it.
+//! - Silence while events were expected also asks the replay endpoint for what
+//!   followed the last applied batch (a lost tail frame is otherwise invisible
+//!   until the next one): `precise` again only if the replay brought new batches;
+//!   a failed or empty silence check leaves the feed `approximate` and resyncs
+//!   nothing (nothing is known to be lost). It does not count toward
+//!   [`MAX_REPLAYS`].
 
 use std::collections::VecDeque;
 
@@ -116,6 +122,8 @@ struct Run {
     first: Option<u64>,
     /// The verify failed: ignore the rest and replay from 0.
     mismatch: bool,
+    /// Started by silence: `Some(batches applied when it started)`.
+    silence: Option<u64>,
 }
 
 /// See the module docs.
@@ -186,6 +194,19 @@ impl Feed {
         self.stale = true;
     }
 
+    /// Events were expected and none came: stale, and (with a replay endpoint) a
+    /// replay of whatever followed the last applied batch.
+    pub fn silent(&mut self) -> Action {
+        self.stale = true;
+        if !self.has_replay || self.run.is_some() {
+            return Action::None;
+        }
+        self.counters.replays += 1;
+        let run = self.resume_from_last(Some(self.counters.batches_applied));
+        self.run = Some(run);
+        Action::Replay { from: run.from }
+    }
+
     /// The SUB socket (re)connected: events may have been missed meanwhile, so
     /// check the publisher is the same one and fetch what was missed.
     pub fn connected(&mut self, index: &mut BlockIndex) -> Action {
@@ -209,22 +230,27 @@ impl Feed {
         }
         self.replays_in_row += 1;
         self.counters.replays += 1;
-        let run = match (self.next_seq, self.recent.back()) {
-            (Some(n), Some(&(last, digest))) if n > 0 && last == n - 1 => Run {
-                from: last,
-                mode: Mode::Continue { digest },
-                first: None,
-                mismatch: false,
-            },
-            _ => Run {
-                from: 0,
-                mode: Mode::Fresh,
-                first: None,
-                mismatch: false,
-            },
-        };
+        let run = self.resume_from_last(None);
         self.run = Some(run);
         Action::Replay { from: run.from }
+    }
+
+    /// A replay continuing after the last applied batch when it is known, else
+    /// the engine's whole buffer.
+    fn resume_from_last(&self, silence: Option<u64>) -> Run {
+        let mode = match (self.next_seq, self.recent.back()) {
+            (Some(n), Some(&(last, digest))) if n > 0 && last == n - 1 => {
+                (last, Mode::Continue { digest })
+            }
+            _ => (0, Mode::Fresh),
+        };
+        Run {
+            from: mode.0,
+            mode: mode.1,
+            first: None,
+            mismatch: false,
+            silence,
+        }
     }
 
     /// A live frame from the SUB socket.
@@ -341,8 +367,11 @@ impl Feed {
             }
             _ => {}
         }
-        // The publisher answered and we are caught up with its buffer.
-        self.stale = false;
+        // The publisher answered and we are caught up with its buffer; after
+        // silence, only if it had published something we lacked.
+        self.stale = run
+            .silence
+            .is_some_and(|at| self.counters.batches_applied == at);
         self.drain_pending(index)
     }
 
@@ -356,10 +385,14 @@ impl Feed {
     /// applied from it stays; the replica is resynced unless that reached the
     /// first pending frame.
     pub fn replay_failed(&mut self, index: &mut BlockIndex) -> Action {
-        if self.run.take().is_none() {
+        let Some(run) = self.run.take() else {
             return Action::None;
-        }
+        };
         self.counters.replay_failures += 1;
+        if run.silence.is_some() {
+            // Nothing is known to be lost: stay stale, keep what we hold.
+            return self.drain_pending(index);
+        }
         let caught_up = match (self.next_seq, self.pending.front()) {
             (Some(n), Some(&(s, _))) => s <= n,
             _ => false,

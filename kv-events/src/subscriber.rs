@@ -11,6 +11,9 @@
 //!   or events missed while away are noticed before the next live frame; it waits
 //!   [`JOIN_SETTLE`] first, so batches published before the publisher had the
 //!   subscription (ZMQ's slow joiner) are covered by that replay.
+//! - Silence while events were expected (see [`SubscriberHandle::expect_events`])
+//!   marks the feed stale and asks the replay endpoint for what was missed: a lost
+//!   last frame would otherwise go unseen until the engine's next batch.
 //! - A replay is bounded: `replay_timeout` per reply, at most [`MAX_REPLAY_ENTRIES`]
 //!   entries; otherwise it counts as failed (the feed resyncs).
 //! - Malformed frames (wrong frame count, sequence frame not 8 bytes) are counted
@@ -291,13 +294,13 @@ impl Task {
                     Some(_) => {}
                     None => monitor_open = false,
                 },
-                _ = tick.tick() => self.check_silence(),
+                _ = tick.tick() => self.check_silence().await,
             }
             self.publish();
         }
     }
 
-    fn check_silence(&mut self) {
+    async fn check_silence(&mut self) {
         let since = self.shared.expect_ms.load(Ordering::Relaxed);
         if since == 0 {
             return;
@@ -309,8 +312,10 @@ impl Task {
         }
         let now = self.shared.epoch.elapsed().as_millis() as u64 + 1;
         if now.saturating_sub(since) > self.config.silence_timeout.as_millis() as u64 {
-            self.feed.mark_stale();
             self.shared.expect_ms.store(0, Ordering::Relaxed);
+            let a = self.feed.silent();
+            self.publish();
+            self.execute(a).await;
         }
     }
 

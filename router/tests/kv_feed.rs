@@ -6,7 +6,8 @@
 //! What a user relies on: the router's `x-headroom-cached-tokens` equals the engine's
 //! own `usage.prompt_tokens_details.cached_tokens` for every request while the feed
 //! is `precise` (shared prefixes, repeats, evictions); dropped events are noticed
-//! (silence → `approximate`) and repaired by replay (`precise` again, counts equal);
+//! (by the gap the next batch shows, or by silence when the lost batch was the last)
+//! and repaired by replay (`precise` again, counts equal);
 //! a publisher that goes away makes the replica `approximate` (the prefix index's
 //! estimate is used), and an engine restart (empty cache, sequence from 0) is
 //! followed again, exactly, within a bounded time. Every wait is bounded.
@@ -105,21 +106,28 @@ async fn cached_tokens_equal_the_engine_through_loss_and_restart() {
     let s = feed(&r).await;
     assert!(s["blocks"].as_u64().unwrap() <= CAPACITY as u64);
 
-    // 2. Dropped events: two batches never arrive live. The first request's silence
-    // marks the replica approximate; the next live batch shows the gap, the replay
-    // fills it, and the counts are exact again.
-    mock.skip_live(2);
+    // 2. Dropped events. (a) The last batch never arrives live: no later frame
+    // shows the gap, so the silence after the request asks the replay endpoint,
+    // which fills it. (b) A batch lost between two that arrive. Either way the
+    // counts are exact again.
+    let replays = feed(&r).await["replays"].as_u64().unwrap_or(0);
+    mock.skip_live(1);
     send(&r, &prompt(7, 70, 120)).await;
-    until(&r, "silence → approximate", Duration::from_secs(3), |s| {
-        s["state"] == "approximate"
-    })
-    .await;
-    let a = send(&r, &prompt(8, 80, 120)).await;
-    assert_eq!(a.source, "approximate");
+    synced(&r, &mock).await;
+    let s = feed(&r).await;
+    assert!(
+        s["replays"].as_u64().unwrap_or(0) > replays && s["gaps"] == 0,
+        "the silence check replayed the lost batch: {s}"
+    );
+    let replays = s["replays"].as_u64().unwrap_or(0);
+    mock.skip_live(1);
+    send(&r, &prompt(8, 80, 120)).await;
     send(&r, &prompt(9, 90, 120)).await;
     synced(&r, &mock).await;
     let s = feed(&r).await;
-    assert!(s["gaps"].as_u64().unwrap() >= 1, "{s}");
+    // Usually the gap (the next batch comes in milliseconds); on a loaded machine
+    // the silence check may come first. Both replay.
+    assert!(s["replays"].as_u64().unwrap_or(0) > replays, "{s}");
     for (p, q) in [(7, 70), (8, 80), (9, 90), (0, 1)] {
         let a = send(&r, &prompt(p, q, 120)).await;
         assert_eq!(a.source, "precise");

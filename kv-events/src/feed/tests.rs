@@ -207,6 +207,50 @@ fn garbage_payload_and_failed_replay_resync() {
     assert_eq!(f.state(), FeedState::Recovering);
 }
 
+#[test]
+fn silence_asks_the_replay_endpoint_for_a_lost_last_batch() {
+    let (mut f, mut ix) = feed(true);
+    let s = stream(3);
+    let buf: Vec<(u64, Bytes)> = s
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, p)| (i as u64, p))
+        .collect();
+    f.live(&mut ix, 0, s[0].clone());
+    f.live(&mut ix, 1, s[1].clone());
+    // Batch 2 is the last one published and never arrives live: no later frame
+    // shows the gap, only the silence does.
+    assert_eq!(f.silent(), Action::Replay { from: 1 });
+    assert_eq!(f.state(), FeedState::Approximate);
+    assert_eq!(replay(&mut f, &mut ix, &buf, 1), Action::None);
+    assert_eq!(f.state(), FeedState::Precise);
+    assert!(held(&ix, 102));
+    assert_eq!(f.status().next_seq, Some(3));
+
+    // Silence again, and the engine's buffer holds nothing new: it did not publish
+    // what the router expected, so the replica stays approximate and keeps its blocks.
+    assert_eq!(f.silent(), Action::Replay { from: 2 });
+    assert_eq!(replay(&mut f, &mut ix, &buf, 2), Action::None);
+    assert_eq!(f.state(), FeedState::Approximate);
+    assert!(held(&ix, 100) && held(&ix, 102));
+    // A silence check whose replay fails resyncs nothing either.
+    assert_eq!(f.silent(), Action::Replay { from: 2 });
+    assert_eq!(f.replay_failed(&mut ix), Action::None);
+    assert_eq!(f.state(), FeedState::Approximate);
+    assert!(held(&ix, 100) && held(&ix, 102));
+    assert_eq!(f.status().counters.resyncs, 0);
+    // The next live batch makes it precise again.
+    f.live(&mut ix, 3, batch(3.0, vec![store(103, None)]));
+    assert_eq!(f.state(), FeedState::Precise);
+
+    // Without a replay endpoint, silence only marks the feed stale.
+    let (mut g, mut gx) = feed(false);
+    g.live(&mut gx, 0, s[0].clone());
+    assert_eq!(g.silent(), Action::None);
+    assert_eq!(g.state(), FeedState::Approximate);
+}
+
 /// A model engine: stores root and child blocks, evicts, sometimes resets; every
 /// batch kept (the replay buffer holds the last `buffer`).
 fn engine_batches(ops: &[(u8, u8)]) -> (Vec<Bytes>, HashMap<u64, u64>) {
