@@ -195,6 +195,65 @@ fn incident_has_short_chat_throughout_and_long_batch_in_its_window_only() {
 }
 
 #[test]
+fn mixed_tenants_take_their_own_lengths_objectives_and_prompts() {
+    let w = make(
+        "mixed:rate=20,duration=200,chat_share=0.5,seed=3,block=64,\
+         chat_input=lognormal(500,0.5),chat_ttft=400,chat_tpot=25,chat_prompts=2,\
+         batch_input=lognormal(1200,0.4),batch_output=lognormal(64,0.3),batch_ttft=5000,\
+         batch_prompts=3,batch_prompt_blocks=4",
+    );
+    let mean_input = |t: &str| {
+        let v: Vec<f64> = w
+            .requests
+            .iter()
+            .filter(|r| r.tenant.as_deref() == Some(t))
+            .map(|r| r.input_tokens as f64)
+            .collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    // The shared prompt comes on top of the user's part: 1 and 4 blocks of 64.
+    let (c, b) = (mean_input("chat"), mean_input("batch"));
+    assert!(
+        (c - 564.0).abs() < 40.0 && (b - 1456.0).abs() < 80.0,
+        "{c} {b}"
+    );
+    for r in &w.requests {
+        let want = match r.tenant.as_deref() {
+            // Unset keys keep the preset's (batch TPOT 200 ms).
+            Some("chat") => (400.0, 25.0),
+            Some("batch") => (5_000.0, 200.0),
+            other => panic!("unexpected tenant {other:?}"),
+        };
+        assert_eq!((r.slo_ttft_ms, r.slo_tpot_ms), (Some(want.0), Some(want.1)));
+    }
+    let firsts = |t: &str| {
+        w.requests
+            .iter()
+            .filter(|r| r.tenant.as_deref() == Some(t))
+            .map(|r| r.hash_ids[0])
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    assert_eq!((firsts("chat"), firsts("batch")), (2, 3));
+    let batch_long = w
+        .requests
+        .iter()
+        .filter(|r| r.tenant.as_deref() == Some("batch") && r.input_tokens > 4 * 64)
+        .count();
+    let shared4 = w
+        .requests
+        .iter()
+        .filter(|r| r.tenant.as_deref() == Some("batch") && r.input_tokens > 4 * 64)
+        .filter(|r| {
+            w.requests.iter().any(|o| {
+                !std::ptr::eq(*r, o) && o.hash_ids.len() > 4 && o.hash_ids[..4] == r.hash_ids[..4]
+            })
+        })
+        .count();
+    assert!(shared4 * 10 >= batch_long * 9, "{shared4} of {batch_long}");
+}
+
+#[test]
 fn bad_specs_are_clear_errors() {
     for (spec, want) in [
         ("poisson:duration=10", "`rate` is required"),
@@ -206,6 +265,8 @@ fn bad_specs_are_clear_errors() {
         ("poisson:rate=1,rate=2", "given twice"),
         ("poisson:rate=1e9,duration=1e9", "too many"),
         ("mixed:rate=1,chat_share=2", "chat_share"),
+        ("mixed:rate=1,chat_ttft=0", "`chat_ttft` must be positive"),
+        ("mixed:rate=1,chat_inputs=lognormal(5,1)", "unknown key `chat_inputs`"),
         ("bursty:rate_on=0", "mean rate must be positive"),
         ("nosuchfile.jsonl", "nosuchfile.jsonl"),
     ] {

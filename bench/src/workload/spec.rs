@@ -10,7 +10,10 @@
 //! - `bursty`: as `poisson` but `rate_on`, `rate_off` [0], `on` [10] and `off` [30]
 //!   (mean sojourns) instead of `rate`.
 //! - `mixed`: `rate`, `duration` [300], `chat_share` [0.7] (rest is `batch`), `seed`,
-//!   `block`: the [`TenantSpec::chat`] and [`TenantSpec::batch`] tenants.
+//!   `block`: the [`TenantSpec::chat`] and [`TenantSpec::batch`] tenants, each
+//!   adjustable by `chat_…`/`batch_…` keys: `input`, `output`, `ttft`, `tpot` (ms),
+//!   `prompts`, `prompt_blocks` (e.g. `batch_input=lognormal(1200,0.5)` to fit a
+//!   small model's context).
 //! - `incident`: `chat_rate` [10], `batch_rate` [1], `start` [60], `length` [120],
 //!   `duration` [300], `seed`, `block`, `chat_input`, `chat_output`, `batch_input`,
 //!   `batch_output` (see [`Incident`]).
@@ -71,14 +74,8 @@ pub fn parse(text: &str) -> Result<GenSpec, WorkloadError> {
                 return Err(WorkloadError::spec(text, "chat_share must be within 0..=1"));
             }
             let seed = args.u64_or("seed", 0)?;
-            let chat = TenantSpec {
-                share,
-                ..TenantSpec::chat()
-            };
-            let batch = TenantSpec {
-                share: 1.0 - share,
-                ..TenantSpec::batch()
-            };
+            let chat = tenant_overrides(&mut args, "chat", share, TenantSpec::chat())?;
+            let batch = tenant_overrides(&mut args, "batch", 1.0 - share, TenantSpec::batch())?;
             generator::mixed(rate, duration, vec![chat, batch], seed)
         }
         "incident" => {
@@ -141,6 +138,31 @@ pub fn parse(text: &str) -> Result<GenSpec, WorkloadError> {
         }
     }
     Ok(spec)
+}
+
+/// A preset tenant with its `NAME_input`, `NAME_output`, `NAME_ttft`, `NAME_tpot`
+/// (ms), `NAME_prompts` and `NAME_prompt_blocks` keys applied where given.
+fn tenant_overrides(
+    args: &mut Args,
+    name: &str,
+    share: f64,
+    preset: TenantSpec,
+) -> Result<TenantSpec, WorkloadError> {
+    let key = |k: &str| format!("{name}_{k}");
+    Ok(TenantSpec {
+        share,
+        input: args.dist_or(&key("input"), Column::Input, preset.input)?,
+        output: args.dist_or(&key("output"), Column::Output, preset.output)?,
+        slo_ttft_ms: args.positive_opt(&key("ttft"))?.or(preset.slo_ttft_ms),
+        slo_tpot_ms: args.positive_opt(&key("tpot"))?.or(preset.slo_tpot_ms),
+        system_prompts: args
+            .u64_or(&key("prompts"), u64::from(preset.system_prompts))?
+            .min(1 << 16) as u32,
+        system_prompt_blocks: args
+            .u64_or(&key("prompt_blocks"), u64::from(preset.system_prompt_blocks))?
+            .min(1 << 10) as u32,
+        ..preset
+    })
 }
 
 fn single_tenant(args: &mut Args) -> Result<TenantSpec, WorkloadError> {
