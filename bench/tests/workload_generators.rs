@@ -266,7 +266,10 @@ fn bad_specs_are_clear_errors() {
         ("poisson:rate=1e9,duration=1e9", "too many"),
         ("mixed:rate=1,chat_share=2", "chat_share"),
         ("mixed:rate=1,chat_ttft=0", "`chat_ttft` must be positive"),
-        ("mixed:rate=1,chat_inputs=lognormal(5,1)", "unknown key `chat_inputs`"),
+        (
+            "mixed:rate=1,chat_inputs=lognormal(5,1)",
+            "unknown key `chat_inputs`",
+        ),
         ("bursty:rate_on=0", "mean rate must be positive"),
         ("nosuchfile.jsonl", "nosuchfile.jsonl"),
     ] {

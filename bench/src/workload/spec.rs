@@ -159,7 +159,10 @@ fn tenant_overrides(
             .u64_or(&key("prompts"), u64::from(preset.system_prompts))?
             .min(1 << 16) as u32,
         system_prompt_blocks: args
-            .u64_or(&key("prompt_blocks"), u64::from(preset.system_prompt_blocks))?
+            .u64_or(
+                &key("prompt_blocks"),
+                u64::from(preset.system_prompt_blocks),
+            )?
             .min(1 << 10) as u32,
         ..preset
     })
