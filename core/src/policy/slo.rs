@@ -96,11 +96,6 @@ pub struct SloConfig {
     /// cost: its model learns only from placements, so without such probes a replica
     /// once slow would never be seen to recover. 0 disables.
     pub probe_idle_s: f64,
-    /// Best fit: among placements that meet both objectives about equally surely (the
-    /// `near_equal` band), take the one that leaves the *least* headroom instead of
-    /// the cheapest, so faster replicas stay free for requests whose objectives only
-    /// they can meet. Off by default (an experiment for fleets with mixed objectives).
-    pub pack: bool,
 }
 
 impl Default for SloConfig {
@@ -118,7 +113,6 @@ impl Default for SloConfig {
             defer_budget: 0.5,
             max_deferred: 1024,
             probe_idle_s: 0.5,
-            pack: false,
         }
     }
 }
@@ -349,13 +343,10 @@ impl SloPolicy {
             })
             .collect();
         // Within the band, the cheapest placement (least predicted latency relative to
-        // the objectives: fast hardware, prefix hits) wins, random among near-equals;
-        // with `pack`, where the tier fits, the dearest (best fit).
-        let pack = self.cfg.pack && tier == Some(0);
-        let sign = if pack { -1.0 } else { 1.0 };
+        // the objectives: fast hardware, prefix hits) wins, random among near-equals.
         let cheapest = band
             .iter()
-            .map(|&i| sign * evals[i].cost)
+            .map(|&i| evals[i].cost)
             .fold(f64::INFINITY, f64::min);
         let near: Vec<usize> = band
             .into_iter()
@@ -365,7 +356,7 @@ impl SloPolicy {
                 } else {
                     self.cfg.cost_tolerance
                 };
-                sign * evals[i].cost <= cheapest + cheapest.abs() * tol + 1e-9
+                evals[i].cost <= cheapest * (1.0 + tol) + 1e-9
             })
             .collect();
         near.get(ctx.rng.random_range(0..near.len().max(1)))
