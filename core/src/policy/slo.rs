@@ -98,6 +98,12 @@ pub struct SloConfig {
     /// cost: its model learns only from placements, so without such probes a replica
     /// once slow would never be seen to recover. 0 disables.
     pub probe_idle_s: f64,
+    /// Best fit: among placements that meet both objectives about equally surely (the
+    /// `near_equal` band), take the one whose bounds use most of the request's own
+    /// objectives ([`Eval::fill`]) instead of the cheapest, so that a request with
+    /// loose objectives leaves the fast replicas to those only they can serve in time.
+    /// Off by default (see `bench/results/real-vllm/2026-12-04` §6).
+    pub pack: bool,
 }
 
 impl Default for SloConfig {
@@ -115,6 +121,7 @@ impl Default for SloConfig {
             defer_budget: 0.5,
             max_deferred: 1024,
             probe_idle_s: 0.5,
+            pack: false,
         }
     }
 }
@@ -139,6 +146,10 @@ pub struct Eval {
     /// How far past its KV capacity the placement takes the replica, as a share of the
     /// capacity ([`kv_room::overflow`]); 0 with room. Over, the TTFT is judged missed.
     pub kv_overflow: f64,
+    /// How much of the request's *own* objectives the effective bounds use,
+    /// `TTFT bound / TTFT objective + TPOT bound / TPOT objective` (`lateness` without
+    /// the running requests' TPOT guard): what `pack` fills up.
+    pub fill: f64,
 }
 
 /// Judges one prediction against objectives. `tpot_guard_ms` is the tightest TPOT
@@ -178,6 +189,7 @@ pub fn evaluate(
         ttft_headroom_ms: ttft_slo_ms - ttft_bound,
         tpot_headroom_ms: tpot_slo - tpot_bound,
         kv_overflow: 0.0,
+        fill: ttft_bound / ttft_slo_ms.max(1e-9) + tpot_bound / tpot_slo_ms.max(1e-9),
     }
 }
 
@@ -345,7 +357,21 @@ impl SloPolicy {
             })
             .collect();
         // Within the band, the cheapest placement (least predicted latency relative to
-        // the objectives: fast hardware, prefix hits) wins, random among near-equals.
+        // the objectives: fast hardware, prefix hits) wins, random among near-equals;
+        // with `pack`, where the tier fits, the fullest (best fit).
+        if self.cfg.pack && tier == Some(0) {
+            let fullest = band
+                .iter()
+                .map(|&i| evals[i].fill)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let near: Vec<usize> = band
+                .into_iter()
+                .filter(|&i| evals[i].fill >= fullest * (1.0 - self.cfg.cost_tolerance) - 1e-9)
+                .collect();
+            return near
+                .get(ctx.rng.random_range(0..near.len().max(1)))
+                .copied();
+        }
         let cheapest = band
             .iter()
             .map(|&i| evals[i].cost)
