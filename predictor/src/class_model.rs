@@ -316,15 +316,6 @@ fn concordant(dy: f64, df: f64) -> f64 {
 }
 
 impl Gate {
-    /// `e^β`, the baseline's ms per token of load; 0 before its first label.
-    pub fn load_ms_per_token(&self) -> f64 {
-        if self.base_n == 0 {
-            0.0
-        } else {
-            self.base_log.exp()
-        }
-    }
-
     /// Score one label: `mu`/`upper` as issued, `load` the baseline's L.
     #[allow(clippy::too_many_arguments)]
     pub fn update(

@@ -25,7 +25,7 @@ use crate::snapshot::{Snapshot, SnapshotData};
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
 /// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 8;
+pub const FORMAT_VERSION: u16 = 7;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {

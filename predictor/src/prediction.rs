@@ -86,12 +86,6 @@ pub struct Prediction {
     /// capacity-bound): the learner learns the label with it, i.e. with the replica's
     /// step time and slot state as known at dispatch.
     pub ttft_wait_ms: f64,
-    /// The class's load baseline for TTFT: ms per token of `L = Q + u + 1` (tokens queued
-    /// ahead plus this request's uncached prompt), fitted on the class's labels as the
-    /// warm/cold gate's yardstick; 0 before any label. While the model is cold,
-    /// `L × this` is the best-known drain time, which tells fast hardware from slow
-    /// where a token count alone does not.
-    pub ttft_load_ms_per_token: f64,
 }
 
 impl Prediction {

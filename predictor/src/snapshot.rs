@@ -31,9 +31,6 @@ pub(crate) struct Entry {
     pub ctx: ReplicaCtx,
     pub ttft: TargetParams<TTFT_DIM>,
     pub tpot: TargetParams<TPOT_DIM>,
-    /// The class's TTFT load baseline scale (ms per token of load, 0 before a label):
-    /// see [`crate::Prediction::ttft_load_ms_per_token`].
-    pub ttft_load_ms_per_token: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -194,7 +191,6 @@ impl Snapshot {
                 },
                 ttft: t,
                 tpot: p,
-                ttft_load_ms_per_token: ct.ttft_gate.load_ms_per_token(),
             });
         }
         let mut replica_ids: Vec<u64> = l.st.replicas.keys().copied().collect();
@@ -275,7 +271,6 @@ impl Snapshot {
                 },
                 ttft: t,
                 tpot: p,
-                ttft_load_ms_per_token: ct.ttft_gate.load_ms_per_token(),
             });
         }
         let cold = |theta_t, theta_p| {
@@ -316,7 +311,6 @@ impl Snapshot {
                     }; REGIMES],
                     state: ModelState::Cold,
                 },
-                ttft_load_ms_per_token: 0.0,
             }
         };
         let d = SnapshotData {
@@ -410,7 +404,6 @@ impl Snapshot {
             ttft_guarded: t.guarded,
             tpot_guarded: p.guarded,
             ttft_wait_ms: xt[6],
-            ttft_load_ms_per_token: e.ttft_load_ms_per_token,
         }
     }
 

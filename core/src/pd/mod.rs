@@ -387,7 +387,6 @@ fn best_unified(
             ttft_headroom_ms: f64::NEG_INFINITY,
             tpot_headroom_ms: f64::NEG_INFINITY,
             kv_overflow: 0.0,
-            fill: f64::INFINITY,
         })
 }
 

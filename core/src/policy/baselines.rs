@@ -53,7 +53,7 @@ impl Policy for LeastRequest {
 pub struct TokenLoad;
 
 /// Outstanding tokens on a candidate if this request went there.
-pub(crate) fn tokens_with(req: &RequestProfile, c: &Candidate<'_>) -> f64 {
+fn tokens_with(req: &RequestProfile, c: &Candidate<'_>) -> f64 {
     let own = req.prompt_tokens.saturating_sub(c.cached_tokens) as f64
         + req.expected_output_tokens as f64;
     c.load().outstanding_tokens() + own

@@ -19,13 +19,11 @@
 //! within `near_equal` of the best, then cost within `cost_tolerance` of the cheapest —
 //! with hysteresis for this node's previous pick, so nodes holding the same view do
 //! not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
-//! by expected drain time instead ([`drain_order`]: outstanding tokens — this request's
-//! uncached prompt tokens and expected output plus what is already there — times the
-//! class's fitted ms per token of load; with `kv_room`, among the candidates with KV
-//! room when any has it), which is prefix-aware, load-aware and speed-aware. Token
-//! load alone (what this is while a class has no label) met 58% of objectives on the
-//! heterogeneous real-vLLM pair where `cache_aware` (vllm-router 38%, sglang-router
-//! 34%) did not (same run, `scripts/vllm/side-by-side.sh`); routing by
+//! by outstanding tokens instead — this request's uncached prompt tokens and expected
+//! output plus what is already there (with `kv_room`, among the candidates with KV
+//! room when any has it) — which is prefix-aware and load-aware: on the
+//! heterogeneous real-vLLM pair it met 58% of objectives where `cache_aware` (vllm-router
+//! 38%, sglang-router 34%) did not (same run, `scripts/vllm/side-by-side.sh`); routing by
 //! `cache_aware` itself while cold made the simulator's forecasts worse (one seed's TTFT
 //! MAPE 12.7% against 10%). When nothing meets both objectives the tenant's
 //! fallback applies: least-bad, defer (within the deadline), or reject — a refusal of
@@ -49,7 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Candidate, Choice, DecideCtx, Decision, Fallback, Load, NoFit, Policy, RequestProfile,
-    baselines::tokens_with, features, kv_room, rank,
+    baselines::TokenLoad, features, kv_room, rank,
 };
 use crate::region;
 
@@ -98,12 +96,6 @@ pub struct SloConfig {
     /// cost: its model learns only from placements, so without such probes a replica
     /// once slow would never be seen to recover. 0 disables.
     pub probe_idle_s: f64,
-    /// Best fit: among placements that meet both objectives about equally surely (the
-    /// `near_equal` band), take the one whose bounds use most of the request's own
-    /// objectives ([`Eval::fill`]) instead of the cheapest, so that a request with
-    /// loose objectives leaves the fast replicas to those only they can serve in time.
-    /// Off by default (see `bench/results/real-vllm/2026-12-04` §6).
-    pub pack: bool,
 }
 
 impl Default for SloConfig {
@@ -121,7 +113,6 @@ impl Default for SloConfig {
             defer_budget: 0.5,
             max_deferred: 1024,
             probe_idle_s: 0.5,
-            pack: false,
         }
     }
 }
@@ -146,10 +137,6 @@ pub struct Eval {
     /// How far past its KV capacity the placement takes the replica, as a share of the
     /// capacity ([`kv_room::overflow`]); 0 with room. Over, the TTFT is judged missed.
     pub kv_overflow: f64,
-    /// How much of the request's *own* objectives the effective bounds use,
-    /// `TTFT bound / TTFT objective + TPOT bound / TPOT objective` (`lateness` without
-    /// the running requests' TPOT guard): what `pack` fills up.
-    pub fill: f64,
 }
 
 /// Judges one prediction against objectives. `tpot_guard_ms` is the tightest TPOT
@@ -189,7 +176,6 @@ pub fn evaluate(
         ttft_headroom_ms: ttft_slo_ms - ttft_bound,
         tpot_headroom_ms: tpot_slo - tpot_bound,
         kv_overflow: 0.0,
-        fill: ttft_bound / ttft_slo_ms.max(1e-9) + tpot_bound / tpot_slo_ms.max(1e-9),
     }
 }
 
@@ -357,21 +343,7 @@ impl SloPolicy {
             })
             .collect();
         // Within the band, the cheapest placement (least predicted latency relative to
-        // the objectives: fast hardware, prefix hits) wins, random among near-equals;
-        // with `pack`, where the tier fits, the fullest (best fit).
-        if self.cfg.pack && tier == Some(0) {
-            let fullest = band
-                .iter()
-                .map(|&i| evals[i].fill)
-                .fold(f64::NEG_INFINITY, f64::max);
-            let near: Vec<usize> = band
-                .into_iter()
-                .filter(|&i| evals[i].fill >= fullest * (1.0 - self.cfg.cost_tolerance) - 1e-9)
-                .collect();
-            return near
-                .get(ctx.rng.random_range(0..near.len().max(1)))
-                .copied();
-        }
+        // the objectives: fast hardware, prefix hits) wins, random among near-equals.
         let cheapest = band
             .iter()
             .map(|&i| evals[i].cost)
@@ -487,14 +459,13 @@ impl Policy for SloPolicy {
                     first = room;
                 }
             }
-            let mut order = drain_order(req, cands, &preds, &first, ctx);
-            order.extend((0..cands.len()).filter(|&i| keep[i] && !first[i]));
-            return Decision {
-                choice: Choice::Route(order),
-                predictions: seen,
-                evals: Vec::new(),
-                fallback: Some("cold-model"),
-            };
+            let mut d = region::decide_within(&TokenLoad, req, cands, ctx, &|i| first[i]);
+            if let Choice::Route(order) = &mut d.choice {
+                order.extend((0..cands.len()).filter(|&i| keep[i] && !first[i]));
+            }
+            d.predictions = seen;
+            d.fallback = Some("cold-model");
+            return d;
         }
         let best_cached = cands.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
         let evals: Vec<Eval> = cands
@@ -620,45 +591,6 @@ impl Policy for SloPolicy {
             }
         }
     }
-}
-
-/// The cold model's order over the `allowed` candidates (all when none is): least
-/// expected drain time, `T_i = s_i · L_i`, where `L_i` is the candidate's outstanding
-/// tokens with this request's uncached prompt and expected output (tokens, what
-/// `token-load` ranks by) and `s_i` its class's TTFT load baseline scale (ms per token,
-/// [`Prediction::ttft_load_ms_per_token`]), fitted on every label even while the model
-/// is cold. With one class, or while any candidate's class has no label yet, every
-/// `s_i` is taken as 1: the order is `token-load`'s. Why: on a fleet of unequal
-/// hardware a token count is not a wait (the real-vLLM pair's slow server prefills
-/// ~3× slower), and the scale is the one speed estimate that exists before the model
-/// is trusted.
-pub fn drain_order(
-    req: &RequestProfile,
-    cands: &[Candidate<'_>],
-    preds: &[Prediction],
-    allowed: &[bool],
-    ctx: &mut DecideCtx<'_>,
-) -> Vec<usize> {
-    let mut pool: Vec<usize> = (0..cands.len()).filter(|&i| allowed[i]).collect();
-    if pool.is_empty() {
-        pool = (0..cands.len()).collect();
-    }
-    let scaled = pool.iter().all(|&i| preds[i].ttft_load_ms_per_token > 0.0);
-    let costs: Vec<f64> = pool
-        .iter()
-        .map(|&i| {
-            let s = if scaled {
-                preds[i].ttft_load_ms_per_token
-            } else {
-                1.0
-            };
-            s * tokens_with(req, &cands[i])
-        })
-        .collect();
-    rank::by_cost(&costs, ctx.rng)
-        .into_iter()
-        .map(|k| pool[k])
-        .collect()
 }
 
 /// The candidates the least-bad choice ranks by lateness when nothing fits: the
