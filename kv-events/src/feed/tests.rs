@@ -63,6 +63,15 @@ fn stream(n: u64) -> Vec<Bytes> {
         .collect()
 }
 
+/// A replay buffer holding `s` as batches 0, 1, ….
+fn numbered(s: &[Bytes]) -> Vec<(u64, Bytes)> {
+    s.iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, p)| (i as u64, p))
+        .collect()
+}
+
 /// Runs replays until the feed needs none; more than 10 in a row is a livelock.
 fn settle(f: &mut Feed, ix: &mut BlockIndex, buf: &[(u64, Bytes)], mut act: Action) {
     for _ in 0..10 {
@@ -100,12 +109,7 @@ fn in_order_from_zero_is_precise_and_duplicates_drop() {
 fn gap_is_filled_by_replay_from_the_last_applied_batch() {
     let (mut f, mut ix) = feed(true);
     let s = stream(6);
-    let buf: Vec<(u64, Bytes)> = s
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(i, p)| (i as u64, p))
-        .collect();
+    let buf = numbered(&s);
     f.live(&mut ix, 0, s[0].clone());
     f.live(&mut ix, 1, s[1].clone());
     // 2 and 3 lost; 4 arrives.
@@ -211,12 +215,7 @@ fn garbage_payload_and_failed_replay_resync() {
 fn silence_asks_the_replay_endpoint_for_a_lost_last_batch() {
     let (mut f, mut ix) = feed(true);
     let s = stream(3);
-    let buf: Vec<(u64, Bytes)> = s
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(i, p)| (i as u64, p))
-        .collect();
+    let buf = numbered(&s);
     f.live(&mut ix, 0, s[0].clone());
     f.live(&mut ix, 1, s[1].clone());
     // Batch 2 is the last one published and never arrives live: no later frame
