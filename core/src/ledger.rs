@@ -35,6 +35,9 @@ const INFLOW_TAU_S: f64 = 2.0;
 pub struct Load {
     pub requests: f64,
     pub queued_requests: f64,
+    /// Of those, the streamed ones: their first token ends their wait where this node
+    /// sees it. A non-streamed request stays counted as queued until it ends.
+    pub queued_streams: f64,
     /// Uncached prompt tokens not yet prefilled (requests before their first token),
     /// net of the estimated progress into the head of the queue.
     pub queued_prefill_tokens: f64,
@@ -60,6 +63,7 @@ impl Load {
         Load {
             requests: self.requests + o.requests,
             queued_requests: self.queued_requests + o.queued_requests,
+            queued_streams: self.queued_streams + o.queued_streams,
             queued_prefill_tokens: self.queued_prefill_tokens + o.queued_prefill_tokens,
             queued_attention_pairs: self.queued_attention_pairs + o.queued_attention_pairs,
             decoding_requests: self.decoding_requests + o.decoding_requests,
@@ -110,6 +114,7 @@ impl Inflow {
 pub struct Ledger {
     requests: AtomicI64,
     queued_requests: AtomicI64,
+    queued_streams: AtomicI64,
     queued_prefill_tokens: AtomicI64,
     queued_attention_pairs: AtomicI64,
     decoding_requests: AtomicI64,
@@ -148,6 +153,7 @@ impl Ledger {
         Load {
             requests: f(&self.requests),
             queued_requests: f(&self.queued_requests),
+            queued_streams: f(&self.queued_streams),
             queued_prefill_tokens: (f(&self.queued_prefill_tokens) - done.tokens).max(0.0),
             queued_attention_pairs: (f(&self.queued_attention_pairs) - done.pairs).max(0.0),
             decoding_requests: decoding,
@@ -221,6 +227,9 @@ impl Ledger {
         let pairs = (u * k + u * u / 2.0) as i64;
         self.requests.fetch_add(1, Relaxed);
         self.queued_requests.fetch_add(1, Relaxed);
+        if spec.stream {
+            self.queued_streams.fetch_add(1, Relaxed);
+        }
         self.queued_prefill_tokens.fetch_add(uncached, Relaxed);
         self.queued_attention_pairs.fetch_add(pairs, Relaxed);
         let id = self.next_booking.fetch_add(1, Relaxed);
@@ -254,6 +263,7 @@ impl Ledger {
             expected_output: spec.expected_output_tokens as i64,
             generated: 0,
             decoding: false,
+            stream: spec.stream,
             slo_key,
         }
     }
@@ -268,6 +278,8 @@ pub struct BookingSpec {
     pub tpot_slo_ms: Option<f64>,
     /// A trusted forecast of the time to first token (s): paces the queue's progress.
     pub expected_ttft_s: Option<f64>,
+    /// The response streams, so its first token will be seen.
+    pub stream: bool,
 }
 
 /// A live placement; moves from queued to decoding at the first token.
@@ -282,6 +294,7 @@ pub struct Booking {
     expected_output: i64,
     generated: i64,
     decoding: bool,
+    stream: bool,
     slo_key: Option<u32>,
 }
 
@@ -299,6 +312,9 @@ impl Booking {
         let l = &self.ledger;
         l.with_queue(|q| q.remove(self.id, Leave::Served(now_s)));
         l.queued_requests.fetch_sub(1, Relaxed);
+        if self.stream {
+            l.queued_streams.fetch_sub(1, Relaxed);
+        }
         l.queued_prefill_tokens.fetch_sub(self.uncached, Relaxed);
         l.queued_attention_pairs.fetch_sub(self.pairs, Relaxed);
         l.decoding_requests.fetch_add(1, Relaxed);
@@ -347,6 +363,9 @@ impl Drop for Booking {
                 .fetch_sub(self.remaining(), Relaxed);
         } else {
             l.queued_requests.fetch_sub(1, Relaxed);
+            if self.stream {
+                l.queued_streams.fetch_sub(1, Relaxed);
+            }
             l.queued_prefill_tokens.fetch_sub(self.uncached, Relaxed);
             l.queued_attention_pairs.fetch_sub(self.pairs, Relaxed);
             l.with_queue(|q| q.remove(self.id, Leave::Dropped));
@@ -377,7 +396,38 @@ mod tests {
             expected_output_tokens: o,
             tpot_slo_ms: Some(50.0),
             expected_ttft_s: None,
+            stream: true,
         }
+    }
+
+    /// A stream waits until its first token; a non-streamed request shows none, so it
+    /// is queued until it ends but never counted among the queued streams.
+    #[test]
+    fn queued_streams_count_only_what_will_show_a_first_token() {
+        let l = Ledger::new();
+        let mut s = l.book(spec(100, 0, 10), 0.0);
+        let n = l.book(
+            BookingSpec {
+                stream: false,
+                ..spec(100, 0, 10)
+            },
+            0.0,
+        );
+        let q = l.load(0.0);
+        assert_eq!((q.queued_requests, q.queued_streams), (2.0, 1.0));
+        s.first_token(0.1);
+        let q = l.load(0.1);
+        assert_eq!((q.queued_requests, q.queued_streams), (1.0, 0.0));
+        drop(n);
+        let u = l.book(spec(100, 0, 10), 0.2);
+        assert_eq!(l.load(0.2).queued_streams, 1.0);
+        drop(u);
+        drop(s);
+        let q = l.load(0.3);
+        assert_eq!(
+            (q.requests, q.queued_requests, q.queued_streams),
+            (0.0, 0.0, 0.0)
+        );
     }
 
     #[test]
@@ -433,6 +483,7 @@ mod tests {
         let _a = l.book(
             BookingSpec {
                 expected_ttft_s: Some(2.0),
+                stream: true,
                 ..spec(10_000, 0, 10)
             },
             1.0,

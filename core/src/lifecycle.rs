@@ -178,6 +178,7 @@ pub fn book(
             expected_output_tokens: profile.expected_output_tokens,
             tpot_slo_ms: Some(profile.slo.tpot_ms),
             expected_ttft_s: (p.ttft_state == ModelState::Warm).then_some(p.ttft_ms / 1e3),
+            stream: profile.stream,
         },
         now_s,
     )

@@ -81,6 +81,7 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
                         expected_output_tokens: 200,
                         tpot_slo_ms: Some(50.0),
                         expected_ttft_s: None,
+                        stream: true,
                     },
                     0.0,
                 ));

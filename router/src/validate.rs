@@ -311,6 +311,7 @@ fn policies(cfg: &RouterConfig, p: &mut Problems) {
     p.ms("slo.defer_poll_ms", s.defer_poll_ms);
     p.range("slo.defer_budget", s.defer_budget, 0.0, 1.0);
     p.at_least("slo.probe_idle_s", s.probe_idle_s, 0.0);
+    p.range("slo.hold", s.hold, 0.0, 1.0);
     if s.probe_idle_s > MAX_MS as f64 / 1e3 {
         p.push("slo.probe_idle_s", "must be at most one day");
     }

@@ -487,6 +487,7 @@ const NUMERIC_FIELDS: &[(&str, &str)] = &[
     ("slo", "defer_budget"),
     ("slo", "max_deferred"),
     ("slo", "probe_idle_s"),
+    ("slo", "hold"),
     ("proxy", "max_body_bytes"),
     ("proxy", "retries"),
     ("proxy", "connect_timeout_ms"),

@@ -27,6 +27,8 @@ pub struct RequestRecord {
     pub e2e_s: Option<f64>,
     pub slo_ttft_ms: f64,
     pub slo_tpot_ms: f64,
+    /// The TTFT forecast at dispatch, as `ttft_s` counts it: plus the time the request
+    /// had waited at the router by then.
     pub predicted_ttft_ms: Option<f64>,
     pub predicted_ttft_upper_ms: Option<f64>,
     pub predicted_tpot_ms: Option<f64>,

@@ -816,7 +816,10 @@ impl<'w> Simulator<'w> {
         if let Some(p) = l.permit {
             p.release(t);
         }
+        // `ttft_s` counts from arrival: the forecast it is scored against adds the time
+        // the request already waited at the router (held or deferred), known at dispatch.
         let p = l.learn.prediction;
+        let waited_ms = (l.dispatched_s - arrival).max(0.0) * 1e3;
         self.records.push(RequestRecord {
             id: w.id,
             tenant: w.tenant.clone(),
@@ -832,8 +835,8 @@ impl<'w> Simulator<'w> {
             e2e_s: Some(t + rtt_s - arrival),
             slo_ttft_ms: w.slo_ttft_ms.unwrap_or(self.cfg.default_slo_ttft_ms),
             slo_tpot_ms: w.slo_tpot_ms.unwrap_or(self.cfg.default_slo_tpot_ms),
-            predicted_ttft_ms: Some(p.ttft_ms),
-            predicted_ttft_upper_ms: Some(p.ttft_upper_ms),
+            predicted_ttft_ms: Some(waited_ms + p.ttft_ms),
+            predicted_ttft_upper_ms: Some(waited_ms + p.ttft_upper_ms),
             predicted_tpot_ms: Some(p.tpot_ms),
             predicted_tpot_upper_ms: Some(p.tpot_upper_ms),
             fallback: l.fallback.map(str::to_string),

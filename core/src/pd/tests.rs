@@ -131,6 +131,7 @@ fn load(r: &PlainReplica, tokens: u32, n: usize) -> Vec<crate::ledger::Booking> 
                     expected_output_tokens: 64,
                     tpot_slo_ms: None,
                     expected_ttft_s: None,
+                    stream: true,
                 },
                 10.0,
             )
@@ -255,6 +256,7 @@ fn the_running_requests_guard_applies_on_the_decode_side() {
             expected_output_tokens: 64,
             tpot_slo_ms: Some(5.0),
             expected_ttft_s: None,
+            stream: true,
         },
         10.0,
     );

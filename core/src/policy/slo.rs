@@ -31,6 +31,16 @@
 //! `max(TTFT bound − TTFT objective, 0)` in seconds, at least 1 s (a TPOT miss clears
 //! as running streams finish, whose remaining lengths the router does not know).
 //!
+//! Slack hold (`hold`, a share of the TTFT objective; 0 = off): when the chosen
+//! placement fits with its TTFT bound at most `hold` × the objective and its replica
+//! has streamed requests queued for prefill (placed by this node, no token yet: a
+//! non-streamed one shows no first token; peers' are not gossiped), the request goes to a fitting replica without a
+//! queue if there is one, else waits at the router (`Choice::Defer`, label `hold`) and
+//! decides again every `defer_poll_ms`, within the lifecycle's deadline (`defer_budget`
+//! × the objective): forecast total `≤ (hold + defer_budget) × objective`. Engines
+//! serve their queues first come, first served, so loose requests that wait at the
+//! router leave the queues short for the tight ones that arrive after them ([`holds`]).
+//!
 //! Regions ([`crate::region`]): a remote candidate's TTFT is judged against the
 //! objective less the round trip to its region; the choice is local while a local
 //! candidate meets both objectives, else remote if a remote one does, else least-bad
@@ -96,6 +106,11 @@ pub struct SloConfig {
     /// cost: its model learns only from placements, so without such probes a replica
     /// once slow would never be seen to recover. 0 disables.
     pub probe_idle_s: f64,
+    /// Slack hold ([`holds`]): a request whose chosen placement fits with its TTFT
+    /// bound at most this share of its objective waits at the router while every
+    /// replica it fits on has streams queued for prefill ([`busy`]), and goes to the first that
+    /// drains (within the defer budget). 0 disables.
+    pub hold: f64,
 }
 
 impl Default for SloConfig {
@@ -113,6 +128,7 @@ impl Default for SloConfig {
             defer_budget: 0.5,
             max_deferred: 1024,
             probe_idle_s: 0.5,
+            hold: 0.5,
         }
     }
 }
@@ -528,9 +544,35 @@ impl Policy for SloPolicy {
         // and a remote one, its round trip included, does; least-bad stays local.
         let away = |i: usize| !local[i];
         let probe = self.probe(cands, &evals, &home, ctx.now_s);
-        let fit = probe
+        let mut fit = probe
             .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
             .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
+        // Slack: with every replica it fits on busy, a request that can wait does, so
+        // that the tight requests behind it find the engines' queues short.
+        if let Some(c) = fit.filter(|_| probe.is_none())
+            && holds(&evals[c], &loads[c], req.slo.ttft_ms, self.cfg.hold)
+        {
+            let free = |i: usize| home(i) == home(c) && !busy(&loads[i]);
+            fit = self.pick(cands, &evals, Some(0), &free, ctx);
+            if fit.is_none() {
+                ranked.retain(|&i| i != c);
+                ranked.insert(0, c);
+                return Decision {
+                    choice: Choice::Defer {
+                        retry_after_s: self.cfg.defer_poll_ms as f64 / 1e3,
+                        reason: format!(
+                            "held: every replica that fits has a queue, and TTFT bound {:.0} ms leaves slack against {:.0} ms",
+                            req.slo.ttft_ms - evals[c].ttft_headroom_ms,
+                            req.slo.ttft_ms
+                        ),
+                        fallback_order: ranked,
+                    },
+                    predictions: seen,
+                    evals,
+                    fallback: Some(HOLD),
+                };
+            }
+        }
         let preds = seen;
         match fit {
             Some(choice) => {
@@ -613,6 +655,31 @@ pub fn retry_after_s(best: &Prediction, ttft_objective_ms: f64) -> f64 {
         .ttft_upper_ms
         .max(best.ttft_ms + best.ttft_recent_abs_err_ms);
     (bound - ttft_objective_ms).max(0.0) / 1e3
+}
+
+/// Label of a decision that holds a request with slack at the router.
+pub const HOLD: &str = "hold";
+
+/// Whether a replica has streamed requests queued for prefill (dispatched, no token
+/// yet). Streams only: a non-streamed request shows no first token, so it would count
+/// as queued for its whole life and hold loose requests to their deadline.
+pub fn busy(load: &Load) -> bool {
+    load.queued_streams >= 1.0
+}
+
+/// Whether a fitting placement leaves the request slack enough to wait: its TTFT bound
+/// is at most `share` of the objective. With the lifecycle's deadline (at most
+/// `defer_budget` of the objective spent waiting) a held request is still forecast to
+/// meet its objective when `share + defer_budget ≤ 1`.
+///
+/// Why: vLLM serves its waiting queue first come, first served, so a request with
+/// seconds of slack dispatched to a replica with a queue lengthens the wait of every
+/// tight request that arrives after it. On the real pair with mixed objectives every
+/// miss was a 500 ms request (the 5 s ones met at any placement, 2026-12-04 §6):
+/// waiting at the router, the loose requests enter an engine only when its queue has
+/// drained, and the tight ones find it short.
+pub fn holds(e: &Eval, load: &Load, ttft_slo_ms: f64, share: f64) -> bool {
+    share > 0.0 && e.tier == 0 && busy(load) && e.ttft_headroom_ms >= (1.0 - share) * ttft_slo_ms
 }
 
 #[cfg(test)]
@@ -859,6 +926,97 @@ mod tests {
             "room first, the full one a retry target"
         );
         assert_eq!(decide(false), vec![0, 1], "token load alone: the full one");
+    }
+
+    /// A predictor whose TTFT and TPOT models are warm for `rs`: TTFT 30 ms plus 0.03 ms
+    /// per queued prefill token, TPOT 12 ms.
+    fn warm(rs: &[crate::view::PlainReplica]) -> Arc<SharedPredictor> {
+        use headroom_predictor::{Learner, Observation, PredictorConfig, Sample};
+        let mut l = Learner::new(PredictorConfig::default());
+        for round in 0..80 {
+            for r in rs {
+                let q = (round % 7) as f64 * 2000.0;
+                l.observe(&Sample {
+                    key: r.key,
+                    obs: Observation {
+                        prompt_tokens: 1000.0,
+                        queued_prefill_tokens: q,
+                        max_batched_tokens: 8192.0,
+                        ..Default::default()
+                    },
+                    at_s: round as f64,
+                    ttft_ms: Some(30.0 + q * 0.03),
+                    tpot_ms: Some(12.0),
+                    output_tokens: 100,
+                    censored: false,
+                    predicted: None,
+                });
+            }
+        }
+        l.tick(80.0);
+        Arc::new(SharedPredictor::new(l.snapshot(80.0)))
+    }
+
+    /// With `hold` on, a request with seconds of slack waits at the router while every
+    /// replica it fits on has a queue, goes to one without a queue when there is one, and
+    /// a tight request is placed at once whatever the queues.
+    #[test]
+    fn a_request_with_slack_waits_for_a_replica_without_a_queue() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        let queued = Load {
+            requests: 2.0,
+            queued_requests: 1.0,
+            queued_streams: 1.0,
+            queued_prefill_tokens: 1000.0,
+            ..Load::default()
+        };
+        let decide = |hold: f64, ttft_ms: f64, loads: [Load; 2]| {
+            let cands = [
+                testkit::cand(&rs[0], 0, loads[0]),
+                testkit::cand(&rs[1], 0, loads[1]),
+            ];
+            let p = SloPolicy::new(
+                warm(&rs),
+                SloConfig {
+                    hold,
+                    explore: 0.0,
+                    ..SloConfig::default()
+                },
+            );
+            let req = RequestProfile {
+                prompt_tokens: 1000,
+                slo: super::super::Slo {
+                    ttft_ms,
+                    tpot_ms: 200.0,
+                },
+                ..testkit::req(1000)
+            };
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+            let mut ctx = DecideCtx {
+                now_s: 80.0,
+                rng: &mut rng,
+            };
+            p.decide(&req, &cands, &mut ctx)
+        };
+        let d = decide(0.5, 5_000.0, [queued, queued]);
+        assert_eq!(d.fallback, Some(HOLD), "{d:?}");
+        assert!(
+            matches!(d.choice, Choice::Defer { ref fallback_order, .. } if fallback_order.len() == 2)
+        );
+        let d = decide(0.5, 5_000.0, [queued, testkit::requests(3.0)]);
+        assert_eq!(d.fallback, None);
+        assert!(
+            matches!(d.choice, Choice::Route(ref o) if o[0] == 1),
+            "the replica without a queue: {d:?}"
+        );
+        // Tight: the TTFT bound is more than half the objective.
+        let d = decide(0.5, 100.0, [queued, queued]);
+        assert!(matches!(d.choice, Choice::Route(_)), "{d:?}");
+        assert_eq!(d.fallback, None);
+        // Off: placed at once.
+        let d = decide(0.0, 5_000.0, [queued, queued]);
+        assert!(matches!(d.choice, Choice::Route(_)), "{d:?}");
     }
 
     /// Nothing fits: the least bad is among those with KV room, whatever their tier

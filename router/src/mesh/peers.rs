@@ -50,6 +50,8 @@ fn from_wire(w: &ReplicaLoad) -> Load {
     Load {
         requests: w.requests as f64,
         queued_requests: w.queued_requests as f64,
+        // Not on the wire: the slack hold sees this node's queued streams only.
+        queued_streams: 0.0,
         queued_prefill_tokens: w.queued_prefill_tokens as f64,
         queued_attention_pairs: w.queued_attention_pairs as f64,
         decoding_requests: w.decoding_requests as f64,
