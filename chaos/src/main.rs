@@ -60,12 +60,45 @@ struct ScaleArgs {
     out: PathBuf,
     #[arg(long)]
     bin_dir: Option<PathBuf>,
+    /// Every node's gossip round (ms); large meshes need longer rounds (chitchat's
+    /// digest grows with the member count).
+    #[arg(long, default_value_t = 100)]
+    gossip_interval_ms: u64,
+    /// Health-probe period (ms): every node probes every replica.
+    #[arg(long, default_value_t = 100)]
+    probe_interval_ms: u64,
+    /// Scrape period (ms) of each replica's owners.
+    #[arg(long, default_value_t = 100)]
+    scrape_interval_ms: u64,
 }
 
 async fn scale_cmd(a: ScaleArgs) -> anyhow::Result<bool> {
-    if !(2..=64).contains(&a.nodes) || !(1..=64).contains(&a.replicas) {
-        anyhow::bail!("--nodes must be in 2..=64 and --replicas in 1..=64");
+    if !(2..=64).contains(&a.nodes) || !(1..=256).contains(&a.replicas) {
+        anyhow::bail!("--nodes must be in 2..=64 and --replicas in 1..=256");
     }
+    let periods = [
+        a.gossip_interval_ms,
+        a.probe_interval_ms,
+        a.scrape_interval_ms,
+    ];
+    if periods.iter().any(|p| !(10..=60_000).contains(p)) {
+        anyhow::bail!(
+            "--gossip-interval-ms, --probe-interval-ms and --scrape-interval-ms must be in [10, 60000]"
+        );
+    }
+    let mut timings = headroom_chaos::router_config::RouterTimings {
+        gossip_interval_ms: a.gossip_interval_ms,
+        probe_interval_ms: a.probe_interval_ms,
+        scrape_interval_ms: a.scrape_interval_ms,
+        ..Default::default()
+    };
+    // Scrapes stay fresh for ten periods (at least the default second), and are shared
+    // at most twice per staleness window.
+    timings.stale_after_ms = timings.stale_after_ms.max(10 * a.scrape_interval_ms);
+    timings.scrape_publish_ms = timings
+        .scrape_publish_ms
+        .max(a.scrape_interval_ms)
+        .min(timings.stale_after_ms / 2);
     let ok = a.duration.is_finite()
         && (3.0..=3600.0).contains(&a.duration)
         && a.rate.is_finite()
@@ -92,6 +125,7 @@ async fn scale_cmd(a: ScaleArgs) -> anyhow::Result<bool> {
         tolerance_pp: a.tolerance,
         out_dir: a.out.clone(),
         bins: Binaries::find(a.bin_dir.as_deref())?,
+        timings,
     };
     let r = headroom_chaos::scale::run_scale(&opts).await?;
     headroom_chaos::scale::write(&a.out, &r)?;

@@ -30,6 +30,11 @@ pub struct RouterTimings {
     /// `admission.max_wait_ms` (written only with the gate on).
     pub admission_per_replica: u32,
     pub admission_max_wait_ms: u64,
+    /// `mesh.gossip_interval_ms` (chitchat's round; its digest costs ≈ 45 B per member
+    /// per message, so large meshes gossip less often) and `mesh.scrape_publish_ms`
+    /// (at most half of `stale_after_ms`).
+    pub gossip_interval_ms: u64,
+    pub scrape_publish_ms: u64,
 }
 
 impl Default for RouterTimings {
@@ -51,6 +56,8 @@ impl Default for RouterTimings {
             scrape_max_duty: 0.01,
             admission_per_replica: 0,
             admission_max_wait_ms: 5_000,
+            gossip_interval_ms: 100,
+            scrape_publish_ms: 500,
         }
     }
 }
@@ -80,6 +87,10 @@ impl RouterTimings {
             self.stale_after_ms,
             self.scrape_max_duty,
         );
+        t.push_str(&format!(
+            "\n[mesh]\ngossip_interval_ms = {}\nscrape_publish_ms = {}\n",
+            self.gossip_interval_ms, self.scrape_publish_ms
+        ));
         if self.admission_per_replica > 0 {
             t.push_str(&format!(
                 "\n[admission]\nper_replica_in_flight = {}\nmax_wait_ms = {}\n",

@@ -44,6 +44,8 @@ pub struct ScaleOptions {
     pub tolerance_pp: f64,
     pub out_dir: PathBuf,
     pub bins: Binaries,
+    /// Every router node's timings (gossip interval, probe and scrape periods).
+    pub timings: RouterTimings,
 }
 
 /// One side's measurements.
@@ -76,6 +78,7 @@ pub struct ScaleReport {
     pub seed: u64,
     pub time_scale: f64,
     pub slo_model_ms: (f64, f64),
+    pub timings: RouterTimings,
     pub single: Side,
     pub mesh: Side,
     pub checks: Vec<Check>,
@@ -90,7 +93,7 @@ fn spec(o: &ScaleOptions, routers: usize) -> ClusterSpec {
         relay: routers > 1,
         clock_offsets_ms: Vec::new(),
         policy: "slo".into(),
-        timings: RouterTimings::default(),
+        timings: o.timings.clone(),
         time_scale: o.time_scale,
         seed: o.seed,
         model: "llama-3-8b".into(),
@@ -267,6 +270,7 @@ pub async fn run_scale(o: &ScaleOptions) -> Result<ScaleReport, ChaosError> {
         seed: o.seed,
         time_scale: o.time_scale,
         slo_model_ms: o.slo_model_ms,
+        timings: o.timings.clone(),
         single,
         mesh,
         checks,
@@ -290,6 +294,12 @@ pub fn markdown(r: &ScaleReport) -> String {
         r.seed,
         r.slo_model_ms.0,
         r.slo_model_ms.1
+    );
+    let t = &r.timings;
+    let _ = writeln!(
+        s,
+        "Router timings: gossip every {} ms, health probes every {} ms, scrapes every {} ms (shared at most every {} ms).\n",
+        t.gossip_interval_ms, t.probe_interval_ms, t.scrape_interval_ms, t.scrape_publish_ms
     );
     let _ = writeln!(
         s,

@@ -180,6 +180,7 @@ async fn four_meshed_nodes_route_as_well_as_one() {
         tolerance_pp: 10.0,
         out_dir: out.path().to_path_buf(),
         bins,
+        timings: Default::default(),
     };
     let r = tokio::time::timeout(
         Duration::from_secs(120),

@@ -418,6 +418,18 @@ fn mesh(cfg: &RouterConfig, p: &mut Problems) {
         );
     }
     p.nonzero("mesh.scrape_owners", m.scrape_owners as u64);
+    p.ms("mesh.scrape_publish_ms", m.scrape_publish_ms);
+    // Published once a period and judged by publication age, a scrape must reach peers
+    // well before it turns stale there.
+    if m.listen.is_some() && m.scrape_publish_ms.saturating_mul(2) > cfg.scrape.stale_after_ms {
+        p.push(
+            "mesh.scrape_publish_ms",
+            format!(
+                "= {} must be at most half of scrape.stale_after_ms = {} (peers would see the shared scrapes stale)",
+                m.scrape_publish_ms, cfg.scrape.stale_after_ms
+            ),
+        );
+    }
     if m.region.trim().is_empty() {
         p.push("mesh.region", "must not be empty");
     }

@@ -512,6 +512,7 @@ const NUMERIC_FIELDS: &[(&str, &str)] = &[
     ("edge", "max_header_bytes"),
     ("mesh", "heartbeat_ms"),
     ("mesh", "scrape_owners"),
+    ("mesh", "scrape_publish_ms"),
 ];
 
 /// What the request path computes from a config: none of it may panic once the

@@ -20,9 +20,11 @@
 
 pub mod duplicate;
 mod kv;
+mod outbox;
 mod owners;
 mod peers;
 pub mod regions;
+mod scrapes;
 
 use std::{
     collections::HashMap,
@@ -83,6 +85,9 @@ pub struct MeshSettings {
     pub peer_ttl_ms: u64,
     /// Nodes that scrape each replica.
     pub scrape_owners: usize,
+    /// A replica's scrape goes to peers at most this often (a quarter of it when it
+    /// changed materially; `scrapes.rs`).
+    pub scrape_publish_ms: u64,
     pub prefix_interval_ms: u64,
     pub predictor_interval_ms: u64,
     /// Use QUIC datagrams for in-flight updates (else gossip only).
@@ -107,6 +112,7 @@ impl Default for MeshSettings {
             heartbeat_ms: 1_000,
             peer_ttl_ms: 3_000,
             scrape_owners: 2,
+            scrape_publish_ms: 1_000,
             prefix_interval_ms: 250,
             predictor_interval_ms: 2_000,
             datagrams: true,
@@ -129,6 +135,8 @@ pub struct MeshRuntime {
     settings: MeshSettings,
     peers: Mutex<PeerTable>,
     owners: ArcSwap<Owners>,
+    /// Replica key → when a peer's scrape of it last arrived (`now_s` axis).
+    heard_scrapes: Mutex<HashMap<u64, f64>>,
     prefix_tx: crossbeam_channel::Sender<(u64, Vec<u64>)>,
     prefix_rx: crossbeam_channel::Receiver<(u64, Vec<u64>)>,
     scrape_tx: tokio::sync::mpsc::Sender<(Arc<Replica>, Arc<Scraped>)>,
@@ -269,6 +277,7 @@ impl MeshRuntime {
         let (scrape_tx, scrape_rx) = tokio::sync::mpsc::channel(1024);
         let rt = Arc::new(MeshRuntime {
             owners: ArcSwap::from_pointee(Owners::new(&node_id, vec![], s.scrape_owners)),
+            heard_scrapes: Mutex::new(HashMap::new()),
             addr: mesh.addr(),
             mesh_slot: arc_swap::ArcSwapOption::from_pointee(mesh),
             node_id: node_id.clone(),
@@ -364,13 +373,15 @@ impl MeshRuntime {
         }
     }
 
-    /// Publishes this node's in-flight vector: datagrams on change (and as a
-    /// heartbeat), the gossip key at most every heartbeat/2.
+    /// Publishes this node's in-flight placements (`outbox.rs` says what and when):
+    /// datagrams with what changed, and every heartbeat what is busy; the gossip key
+    /// when its content changed, at most every heartbeat/2.
     async fn inflight_loop(self: Arc<Self>) {
         let every = Duration::from_millis(self.settings.inflight_interval_ms.max(5));
         let heartbeat = self.settings.heartbeat_ms as f64 / 1e3;
-        let mut last: Vec<wire::ReplicaLoad> = Vec::new();
-        let (mut last_dgram, mut last_gossip) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+        let keep_zero = self.settings.peer_ttl_ms as f64 / 1e3;
+        let mut outbox = outbox::Outbox::default();
+        let mut last_gossip: Option<(f64, Vec<wire::ReplicaLoad>)> = None;
         while self.tick(every).await {
             let now = clock::now_s();
             let loads: Vec<wire::ReplicaLoad> = self
@@ -380,56 +391,61 @@ impl MeshRuntime {
                 .iter()
                 .map(|r| peers::to_wire(r.key, &r.ledger.load(now)))
                 .collect();
-            // Inflow rates drift continuously; compare only the counts.
-            let same = loads.len() == last.len()
-                && loads.iter().zip(&last).all(|(a, b)| {
-                    (
-                        a.replica,
-                        a.requests,
-                        a.queued_prefill_tokens,
-                        a.decoding_requests,
-                        a.decode_remaining_tokens,
-                    ) == (
-                        b.replica,
-                        b.requests,
-                        b.queued_prefill_tokens,
-                        b.decoding_requests,
-                        b.decode_remaining_tokens,
-                    )
-                });
-            let due = now - last_dgram >= heartbeat;
-            if same && !due {
-                continue;
-            }
             let Some(mesh) = self.mesh() else { return };
-            let seq = self.seq.fetch_add(1, Relaxed) + 1;
             let at_ms = clock::unix_ms();
+            let mut sent = false;
             if self.settings.datagrams {
-                for chunk in loads.chunks(LOADS_PER_DATAGRAM) {
-                    let v = WireValue::Inflight(InflightVector {
-                        seq,
-                        at_ms,
-                        loads: chunk.to_vec(),
-                    });
-                    if let Err(e) = mesh.broadcast_datagram(&v) {
-                        tracing::debug!("in-flight datagram not sent: {e}");
+                let news = outbox.datagram(&loads, now, heartbeat);
+                if !news.is_empty() {
+                    let seq = self.seq.fetch_add(1, Relaxed) + 1;
+                    for chunk in news.chunks(LOADS_PER_DATAGRAM) {
+                        let v = WireValue::Inflight(InflightVector {
+                            seq,
+                            at_ms,
+                            loads: chunk.to_vec(),
+                        });
+                        if let Err(e) = mesh.broadcast_datagram(&v) {
+                            tracing::debug!("in-flight datagram not sent: {e}");
+                        }
                     }
+                    sent = true;
                 }
             }
-            last_dgram = now;
-            if now - last_gossip >= heartbeat / 2.0 || !self.settings.datagrams {
+            let snapshot = outbox.snapshot(&loads, now, keep_zero);
+            let (due, changed) = match &last_gossip {
+                None => (true, true),
+                Some((t, prev)) => (
+                    now - t >= heartbeat / 2.0,
+                    prev.len() != snapshot.len()
+                        || prev
+                            .iter()
+                            .zip(&snapshot)
+                            .any(|(a, b)| a.replica != b.replica || outbox::material(b, a)),
+                ),
+            };
+            // Without datagrams the gossip copy is the only path: refresh it every
+            // heartbeat so peers' copies never reach their TTL.
+            let refresh = !self.settings.datagrams
+                && !snapshot.is_empty()
+                && last_gossip
+                    .as_ref()
+                    .is_some_and(|(t, _)| now - t >= heartbeat);
+            if (due && changed) || refresh {
+                let seq = self.seq.fetch_add(1, Relaxed) + 1;
                 let v = WireValue::Inflight(InflightVector {
                     seq,
                     at_ms,
-                    loads: loads.clone(),
+                    loads: snapshot.clone(),
                 });
                 if let Err(e) = mesh.publish(&keys::inflight(), &v).await {
                     tracing::debug!("in-flight vector not published: {e}");
                 }
-                last_gossip = now;
+                last_gossip = Some((now, snapshot));
+                sent = true;
             }
-            self.published.fetch_add(1, Relaxed);
-            last = loads;
+            if sent {
+                self.published.fetch_add(1, Relaxed);
+            }
         }
     }
 
@@ -463,20 +479,40 @@ impl MeshRuntime {
         }
     }
 
-    /// Publishes scrapes this node made as an owner.
+    /// Publishes scrapes this node made as an owner, as `scrapes.rs` admits them.
     async fn scrape_loop(
         self: Arc<Self>,
         mut rx: tokio::sync::mpsc::Receiver<(Arc<Replica>, Arc<Scraped>)>,
     ) {
+        let period = self.settings.scrape_publish_ms as f64 / 1e3;
+        let mut gate = scrapes::ScrapeGate::default();
+        let mut sweep_s = clock::now_s();
         loop {
             let got = tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 g = rx.recv() => g,
             };
             let Some((r, s)) = got else { return };
-            let v = WireValue::Scrape(scrape_to_wire(&r, &s));
+            let now = clock::now_s();
+            let w = scrape_to_wire(&r, &s);
+            let first = self.owners.load().first(r.key);
+            let heard = self.heard_scrapes.lock().get(&r.key).copied();
+            if !gate.admit(&w, first, heard, now, period) {
+                continue;
+            }
+            if now - sweep_s > 60.0 {
+                let live = self.replicas_by_key();
+                gate.retain(|k| live.contains_key(&k));
+                self.heard_scrapes
+                    .lock()
+                    .retain(|k, _| live.contains_key(k));
+                sweep_s = now;
+            }
             let Some(mesh) = self.mesh() else { return };
-            if let Err(e) = mesh.publish(&keys::scrape(r.key), &v).await {
+            if let Err(e) = mesh
+                .publish(&keys::scrape(r.key), &WireValue::Scrape(w))
+                .await
+            {
                 tracing::debug!("scrape not published: {e}");
             }
         }
@@ -570,6 +606,7 @@ impl MeshRuntime {
                 age,
                 ..
             } => {
+                self.heard_scrapes.lock().insert(w.replica, now);
                 if let Some(r) = self.replicas_by_key().get(&w.replica) {
                     let prev = r.scraped.load_full();
                     let s = scrape_from_wire(&w, age, prev.as_deref());

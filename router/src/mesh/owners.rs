@@ -45,6 +45,14 @@ impl Owners {
         w.into_iter().take(self.k).map(|(_, m)| m).collect()
     }
 
+    /// Whether this node ranks first among `replica`'s owners.
+    pub fn first(&self, replica: u64) -> bool {
+        self.members
+            .iter()
+            .max_by_key(|m| Self::weight(m, replica))
+            .is_some_and(|m| *m == self.me)
+    }
+
     /// Whether this node is among `replica`'s owners.
     pub fn owns(&self, replica: u64) -> bool {
         self.owners(replica).contains(&self.me.as_str())
@@ -66,6 +74,9 @@ mod tests {
         for r in 0..400u64 {
             let owners: Vec<usize> = (0..8).filter(|&i| views[i].owns(r)).collect();
             assert_eq!(owners.len(), 2, "replica {r}");
+            let firsts: Vec<usize> = (0..8).filter(|&i| views[i].first(r)).collect();
+            assert_eq!(firsts.len(), 1, "one first owner of replica {r}");
+            assert!(owners.contains(&firsts[0]), "the first owner owns {r}");
             for o in owners {
                 per_node[o] += 1;
             }
