@@ -123,9 +123,13 @@ pub struct Cluster {
 const STARTUP: Duration = Duration::from_secs(30);
 
 fn free_udp() -> Result<SocketAddr, ChaosError> {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
+    hold_udp()?
+        .local_addr()
         .map_err(|e| ChaosError::io("reserving a UDP port", e))
+}
+
+fn hold_udp() -> Result<UdpSocket, ChaosError> {
+    UdpSocket::bind("127.0.0.1:0").map_err(|e| ChaosError::io("reserving a UDP port", e))
 }
 
 impl Cluster {
@@ -192,15 +196,21 @@ impl Cluster {
         if n > 1 {
             self.certs = Some(self.write_certs(&ids).await?);
         }
-        let gossip: Vec<Option<SocketAddr>> = (0..n)
+        // Each gossip port stays bound here until its router is about to take it: the
+        // relay's and other processes' ephemeral binds cannot take it in between.
+        let mut held: Vec<Option<UdpSocket>> = (0..n)
             .map(|_| {
                 if n > 1 {
-                    free_udp().map(Some)
+                    hold_udp().map(Some)
                 } else {
                     Ok(None)
                 }
             })
             .collect::<Result<_, _>>()?;
+        let gossip: Vec<Option<SocketAddr>> = held
+            .iter()
+            .map(|s| s.as_ref().and_then(|s| s.local_addr().ok()))
+            .collect();
         if n > 1 && self.spec.relay {
             let real: Vec<SocketAddr> = gossip.iter().flatten().copied().collect();
             self.relay = Some(Relay::start(&real, self.spec.seed).await?);
@@ -210,6 +220,7 @@ impl Cluster {
                 .filter(|j| *j != i)
                 .filter_map(|j| self.reach(j, gossip[j]))
                 .collect();
+            drop(held[i].take());
             let node = self.spawn_router(id, i, gossip[i], &seeds, None).await?;
             self.routers.push(node);
         }

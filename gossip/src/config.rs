@@ -88,6 +88,9 @@ pub struct MeshConfig {
     /// QUIC idle timeout and keep-alive interval.
     pub idle_timeout: Duration,
     pub keep_alive: Duration,
+    /// Send gossip frames zstd-compressed (receivers always accept both). Off only
+    /// while upgrading a mesh from nodes that predate compressed frames.
+    pub compress_frames: bool,
     /// Test hook: a shared partition table.
     pub fault: Option<FaultInjector>,
     /// Seed hostname resolver; `None` uses the system resolver.
@@ -135,6 +138,7 @@ impl MeshConfig {
             handshake_rtt: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
+            compress_frames: true,
             fault: None,
             resolver: None,
         }

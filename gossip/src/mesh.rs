@@ -134,6 +134,7 @@ impl Mesh {
                 send_queue: cfg.send_queue,
                 inbound_queue: 1024,
                 max_value_bytes: cfg.max_value_bytes,
+                compress: cfg.compress_frames,
             },
         );
         transport.spawn_accept_loop();

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use headroom_gossip::{MeshEvent, Scope, WireValue};
+use headroom_gossip::{Mesh, MeshEvent, Scope, WireValue};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_converge_and_share_values() {
@@ -185,4 +185,61 @@ async fn shutdown_stops_every_task() {
         metrics.num_alive_tasks() == 0
     })
     .await;
+}
+
+/// A node sending raw frames (`compress_frames` off, as while a mesh upgrades) and nodes
+/// sending compressed ones form one mesh and read each other's values; compressed frames
+/// carry the digests in fewer bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_and_compressed_frames_mix_in_one_mesh() {
+    let ids = ["a", "b", "c"];
+    let dir = certs(&ids);
+    let a = Mesh::start(config(dir.path(), "a", "r1", &[], None))
+        .await
+        .unwrap();
+    let mut raw_cfg = config(dir.path(), "b", "r1", &[a.addr()], None);
+    raw_cfg.compress_frames = false;
+    let b = Mesh::start(raw_cfg).await.unwrap();
+    let c = Mesh::start(config(dir.path(), "c", "r1", &[a.addr()], None))
+        .await
+        .unwrap();
+    let nodes = vec![a, b, c];
+    for (i, n) in nodes.iter().enumerate() {
+        let want: Vec<String> = ids
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, s)| s.to_string())
+            .collect();
+        eventually(&format!("{} sees the others", n.node_id()), || async {
+            live_peers(n).await == want
+        })
+        .await;
+    }
+    let mut rx_a = nodes[0].subscribe();
+    let mut rx_b = nodes[1].subscribe();
+    let (from_b, from_c) = (inflight(5, 8), inflight(6, 8));
+    nodes[1].publish("inflight", &from_b).await.unwrap();
+    nodes[2].publish("inflight", &from_c).await.unwrap();
+    let ev = next_matching(
+        &mut rx_a,
+        |e| matches!(e, MeshEvent::Value { node, key, .. } if &**node == "b" && key == "inflight"),
+    )
+    .await;
+    assert!(matches!(ev, MeshEvent::Value { value, .. } if value == from_b));
+    let ev = next_matching(
+        &mut rx_b,
+        |e| matches!(e, MeshEvent::Value { node, key, .. } if &**node == "c" && key == "inflight"),
+    )
+    .await;
+    assert!(matches!(ev, MeshEvent::Value { value, .. } if value == from_c));
+    // Per message, c (compressing) sent fewer gossip bytes than b (raw) in the same role.
+    let per_msg =
+        |s: headroom_gossip::MeshStats| s.bytes_sent as f64 / s.messages_sent.max(1) as f64;
+    let (raw, packed) = (per_msg(nodes[1].stats()), per_msg(nodes[2].stats()));
+    assert!(
+        packed < raw,
+        "compressed {packed:.0} B/message vs raw {raw:.0}"
+    );
+    shutdown_all(nodes).await;
 }

@@ -63,6 +63,8 @@ pub(crate) struct TransportSettings {
     pub send_queue: usize,
     pub inbound_queue: usize,
     pub max_value_bytes: usize,
+    /// Compress gossip frames (`frame.rs`); receivers accept both forms.
+    pub compress: bool,
 }
 
 pub(crate) struct Transport {
@@ -459,7 +461,11 @@ impl Transport {
             Counters::add(&self.counters.rejected_peers, 1);
             return false;
         }
-        if let Some(ids) = frame::digest_ids(f.payload)
+        let Some(payload) = f.payload() else {
+            Counters::add(&self.counters.rejected_frames, 1);
+            return true;
+        };
+        if let Some(ids) = frame::digest_ids(&payload)
             && !ids
                 .iter()
                 .any(|id| *id.node_id == *ctx.node_id && id.gossip_advertise_addr == f.sender)
@@ -467,7 +473,7 @@ impl Transport {
             Counters::add(&self.counters.rejected_peers, 1);
             return false;
         }
-        let msg = match ChitchatMessage::deserialize(&mut &f.payload[..]) {
+        let msg = match ChitchatMessage::deserialize(&mut &payload[..]) {
             Ok(m) => m,
             Err(_) => {
                 Counters::add(&self.counters.rejected_frames, 1);
@@ -536,9 +542,13 @@ impl Transport {
             Counters::add(&self.counters.dropped_messages, 1);
             return;
         }
-        let mut buf = Vec::with_capacity(frame::HEADER_LEN + len);
-        frame::write_header(&mut buf, channel, self.advertise, len);
-        msg.serialize(&mut buf);
+        let mut payload = Vec::with_capacity(len);
+        msg.serialize(&mut payload);
+        let Some(buf) = frame::encode(channel, self.advertise, &payload, self.settings.compress)
+        else {
+            Counters::add(&self.counters.dropped_messages, 1);
+            return;
+        };
         self.enqueue(to, Outgoing::Frame(Bytes::from(buf)));
     }
 }
