@@ -5,8 +5,13 @@
 //!
 //! ```text
 //! cargo run --release -p headroom-gossip --example propagation -- --nodes 4,16,64 \
-//!     [--updates 30] [--interval-ms 100]
+//!     [--updates 30] [--interval-ms 100] [--replicas 256 --scrape-ms 1000] [--raw]
 //! ```
+//!
+//! `--replicas R` adds the router's scraped state: from convergence on, every replica's
+//! scrape is published every `--scrape-ms` by one node (its first owner, as
+//! `mesh.scrape_publish_ms` has the router do), with values that change each time.
+//! `--raw` sends gossip frames uncompressed (`MeshConfig::compress_frames` off).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,6 +26,9 @@ struct Args {
     nodes: Vec<usize>,
     updates: usize,
     interval: Duration,
+    replicas: usize,
+    scrape_every: Duration,
+    raw: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -28,9 +36,16 @@ fn parse_args() -> Result<Args> {
         nodes: vec![4, 16, 64],
         updates: 30,
         interval: MeshConfig::DEFAULT_GOSSIP_INTERVAL,
+        replicas: 0,
+        scrape_every: Duration::from_secs(1),
+        raw: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--raw" {
+            a.raw = true;
+            continue;
+        }
         let val = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--nodes" => {
@@ -47,7 +62,15 @@ fn parse_args() -> Result<Args> {
             "--interval-ms" => {
                 a.interval = Duration::from_millis(val.parse().context("--interval-ms takes ms")?)
             }
-            _ => bail!("unknown flag {flag}; flags: --nodes 4,16,64 --updates N --interval-ms MS"),
+            "--replicas" => a.replicas = val.parse().context("--replicas takes a count")?,
+            "--scrape-ms" => {
+                a.scrape_every = Duration::from_millis(
+                    val.parse::<u64>().context("--scrape-ms takes ms")?.max(10),
+                )
+            }
+            _ => bail!(
+                "unknown flag {flag}; flags: --nodes 4,16,64 --updates N --interval-ms MS --replicas R --scrape-ms MS --raw"
+            ),
         }
     }
     if a.nodes.iter().any(|n| *n < 2) {
@@ -120,7 +143,53 @@ struct Row {
     dgram_sent: u64,
 }
 
-async fn run(n: usize, updates: usize, interval: Duration) -> Result<Row> {
+/// One replica's scrape as the router shares it, varied by `tick`.
+fn scrape(replica: u64, tick: u64) -> WireValue {
+    WireValue::Scrape(wire::ReplicaScrape {
+        replica,
+        url: format!("http://10.0.{}.{}:8000", replica / 250, replica % 250),
+        running: ((replica + tick * 7) % 40) as u32,
+        waiting: ((replica * 3 + tick) % 5) as u32,
+        kv_usage: ((replica + tick * 13) % 100) as f32 / 100.0,
+        num_gpu_blocks: 27_000,
+        block_size: 16,
+        prefix_hits: tick * 4_000 + replica,
+        prefix_queries: tick * 9_000 + replica,
+        preemptions: tick / 50,
+        scraped_at_ms: 1_764_900_000_000 + tick * 1_000,
+        healthy: true,
+    })
+}
+
+/// Publishes every replica's scrape from its owner node every `every`, until stopped.
+fn spawn_scrapes(
+    nodes: std::sync::Arc<Vec<Mesh>>,
+    replicas: usize,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let n = nodes.len();
+        let mut tick = 0u64;
+        let mut clock = tokio::time::interval(every);
+        loop {
+            clock.tick().await;
+            tick += 1;
+            for k in 0..replicas {
+                let key = format!("scrape/{k:016x}");
+                let _ = nodes[k % n].publish(&key, &scrape(k as u64, tick)).await;
+            }
+        }
+    })
+}
+
+async fn run(
+    n: usize,
+    updates: usize,
+    interval: Duration,
+    replicas: usize,
+    scrape_every: Duration,
+    raw: bool,
+) -> Result<Row> {
     let dir = tempfile::tempdir()?;
     let ids: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -138,6 +207,7 @@ async fn run(n: usize, updates: usize, interval: Duration) -> Result<Row> {
         .with_gossip_interval(interval);
         cfg.seeds = seeds.iter().map(|s| s.to_string()).collect();
         cfg.cross_region.enabled = false;
+        cfg.compress_frames = !raw;
         let m = Mesh::start(cfg).await?;
         if seeds.len() < 2 {
             seeds.push(m.addr());
@@ -191,6 +261,8 @@ async fn run(n: usize, updates: usize, interval: Duration) -> Result<Row> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let converge = t0.elapsed();
+    let nodes = std::sync::Arc::new(nodes);
+    let scrapes = (replicas > 0).then(|| spawn_scrapes(nodes.clone(), replicas, scrape_every));
 
     // Idle bandwidth: state present, no updates.
     tokio::time::sleep(interval * 10).await;
@@ -317,6 +389,12 @@ async fn run(n: usize, updates: usize, interval: Duration) -> Result<Row> {
     let b1: Vec<MeshStats> = nodes.iter().map(Mesh::stats).collect();
     let (busy_udp, _) = per_node(total(&b0), total(&b1), busy);
 
+    if let Some(t) = scrapes {
+        t.abort();
+        let _ = t.await;
+    }
+    let nodes = std::sync::Arc::try_unwrap(nodes)
+        .map_err(|_| anyhow::anyhow!("a node handle outlived the run"))?;
     for m in nodes {
         m.shutdown().await;
     }
@@ -359,16 +437,26 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     println!(
-        "gossip interval {} ms, {} updates per size, all nodes in one process (2 worker threads), loopback QUIC + mTLS\n",
+        "gossip interval {} ms, {} updates per size, {} replicas' scrapes every {} ms, frames {}, all nodes in one process (2 worker threads), loopback QUIC + mTLS\n",
         args.interval.as_millis(),
-        args.updates
+        args.updates,
+        args.replicas,
+        args.scrape_every.as_millis(),
+        if args.raw { "raw" } else { "zstd" }
     );
     println!(
         "| nodes | converge (s) | gossip to all p50 / p99 (ms) | gossip per node p50 / p99 (ms) | missed | datagram to all p50 / p99 (ms) | datagrams lost | idle UDP B/s/node | idle gossip B/s/node | busy UDP B/s/node | idle CPU ms/s/node |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for n in &args.nodes {
-        let r = rt.block_on(run(*n, args.updates, args.interval))?;
+        let r = rt.block_on(run(
+            *n,
+            args.updates,
+            args.interval,
+            args.replicas,
+            args.scrape_every,
+            args.raw,
+        ))?;
         println!(
             "| {} | {:.2} | {} / {} | {} / {} | {} | {} / {} | {}/{} | {:.0} | {:.0} | {:.0} | {:.1} |",
             r.n,
