@@ -38,4 +38,44 @@ impl Scraped {
     pub fn kv_capacity_tokens(&self) -> Option<u64> {
         Some(u64::from(self.num_gpu_blocks?) * u64::from(self.block_size?))
     }
+
+    /// Whether the engine restarted between `before` and this scrape: one of its
+    /// monotone counters went backwards (a Prometheus counter reset). A restarted
+    /// engine's prefix cache is empty, whatever the router remembers placing there.
+    pub fn restarted_since(&self, before: &Scraped) -> bool {
+        self.prefix_queries < before.prefix_queries
+            || self.prefix_hits < before.prefix_hits
+            || self.preemptions < before.preemptions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(queries: f64, hits: f64) -> Scraped {
+        Scraped {
+            at_s: 0.0,
+            engine: EngineKind::Vllm,
+            running: 0.0,
+            waiting: 0.0,
+            kv_usage: None,
+            num_gpu_blocks: None,
+            block_size: None,
+            prefix_queries: queries,
+            prefix_hits: hits,
+            preemptions: 0.0,
+            preemption_rate: 0.0,
+            rejected_values: 0,
+        }
+    }
+
+    #[test]
+    fn a_counter_that_goes_back_is_a_restart() {
+        assert!(!at(100.0, 40.0).restarted_since(&at(100.0, 40.0)));
+        assert!(!at(150.0, 40.0).restarted_since(&at(100.0, 40.0)));
+        assert!(at(20.0, 0.0).restarted_since(&at(100.0, 40.0)));
+        // An engine that reports no prefix counters never looks restarted.
+        assert!(!at(0.0, 0.0).restarted_since(&at(0.0, 0.0)));
+    }
 }

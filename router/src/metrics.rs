@@ -35,6 +35,7 @@ pub struct Metrics {
     pub failover_seconds: HistogramVec,
     pub upstream_errors: IntCounterVec,
     pub ejections: IntCounterVec,
+    pub replica_restarts: IntCounterVec,
     pub healthy: IntGaugeVec,
     pub scrape_errors: IntCounterVec,
     pub scrape_rejected: IntCounterVec,
@@ -148,6 +149,14 @@ impl Metrics {
                 c(
                     "headroom_ejections_total",
                     "Replicas ejected by health checks.",
+                    &["replica"],
+                ),
+            ),
+            replica_restarts: reg(
+                &r,
+                c(
+                    "headroom_replica_restarts_total",
+                    "Engine restarts seen (a monotone counter went back); the prefix index forgot the replica.",
                     &["replica"],
                 ),
             ),
@@ -335,6 +344,9 @@ impl Metrics {
     }
     pub fn ejection(&self, replica: &str) {
         self.ejections.with_label_values(&[replica]).inc();
+    }
+    pub fn replica_restart(&self, replica: &str) {
+        self.replica_restarts.with_label_values(&[replica]).inc();
     }
     pub fn set_health(&self, replica: &str, healthy: bool) {
         self.healthy

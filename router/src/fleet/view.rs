@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{Replica, tasks};
+use super::{Replica, Scraped, tasks};
 use crate::{
     config::{ReplicaConfig, RouterConfig},
     metrics::Metrics,
@@ -95,6 +95,19 @@ impl Fleet {
         tasks::spawn_replica_tasks(self.clone(), replica.clone(), token, &self.tracker);
         tracing::info!(replica = %replica.name, url = %replica.url, class = %replica.class, "replica added");
         Ok(replica)
+    }
+
+    /// Takes a new scrape of `r`: if the engine restarted since `prev` (its counters
+    /// went back), its prefix cache is empty, so the prefix index forgets what was
+    /// placed there. Returns whether it restarted.
+    pub fn note_scrape(&self, r: &Replica, prev: Option<&Scraped>, s: &Scraped) -> bool {
+        let restarted = prev.is_some_and(|p| s.restarted_since(p));
+        if restarted {
+            self.prefix.forget(r.id);
+            self.metrics.replica_restart(&r.name);
+            tracing::warn!(replica = %r.name, "engine restarted (its counters went back): its prefix cache is empty, forgotten here");
+        }
+        restarted
     }
 
     /// Removes a replica; its tasks stop and the prefix index forgets it.

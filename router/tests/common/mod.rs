@@ -52,6 +52,9 @@ pub struct Mock {
     pub health_ok: Arc<AtomicU32>,
     /// How long `/metrics` takes to answer (ms): a busy engine's event loop.
     pub metrics_delay_ms: Arc<AtomicU64>,
+    /// The engine's prefix-cache query counter in `/metrics` (set it lower to play a
+    /// restarted engine).
+    pub prefix_queries: Arc<AtomicU64>,
     /// The `traceparent` header of the last completion request.
     pub traceparent: Arc<std::sync::Mutex<Option<String>>>,
     cancel: CancellationToken,
@@ -79,6 +82,7 @@ struct MockState {
     hits: Arc<AtomicUsize>,
     health_ok: Arc<AtomicU32>,
     metrics_delay_ms: Arc<AtomicU64>,
+    prefix_queries: Arc<AtomicU64>,
     traceparent: Arc<std::sync::Mutex<Option<String>>>,
 }
 
@@ -198,6 +202,7 @@ pub async fn mock(model: &str) -> Mock {
     let hits = Arc::new(AtomicUsize::new(0));
     let health_ok = Arc::new(AtomicU32::new(1));
     let metrics_delay_ms = Arc::new(AtomicU64::new(0));
+    let prefix_queries = Arc::new(AtomicU64::new(0));
     let traceparent = Arc::new(std::sync::Mutex::new(None));
     let st = MockState {
         model: model.into(),
@@ -205,6 +210,7 @@ pub async fn mock(model: &str) -> Mock {
         hits: hits.clone(),
         health_ok: health_ok.clone(),
         metrics_delay_ms: metrics_delay_ms.clone(),
+        prefix_queries: prefix_queries.clone(),
         traceparent: traceparent.clone(),
     };
     let app = Router::new()
@@ -229,7 +235,10 @@ pub async fn mock(model: &str) -> Mock {
                 if delay > 0 {
                     tokio::time::sleep(Duration::from_millis(delay)).await;
                 }
-                "vllm:num_requests_running{engine=\"0\"} 0\nvllm:num_requests_waiting{engine=\"0\"} 0\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n"
+                format!(
+                    "vllm:num_requests_running{{engine=\"0\"}} 0\nvllm:num_requests_waiting{{engine=\"0\"}} 0\nvllm:kv_cache_usage_perc{{engine=\"0\"}} 0.1\nvllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"1000\"}} 1\nvllm:prefix_cache_queries_total{{engine=\"0\"}} {}\n",
+                    s.prefix_queries.load(SeqCst)
+                )
             }),
         )
         .with_state(st);
@@ -249,6 +258,7 @@ pub async fn mock(model: &str) -> Mock {
         hits,
         health_ok,
         metrics_delay_ms,
+        prefix_queries,
         traceparent,
         cancel,
     }
