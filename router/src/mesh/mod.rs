@@ -2,11 +2,13 @@
 //! into its own view.
 //!
 //! Shared, each with a TTL so a dead node's state expires:
-//! - in-flight placements per replica: QUIC datagrams on change (rate-limited, with a
-//!   heartbeat) and the reliable gossip key `inflight`;
+//! - in-flight placements per replica: QUIC datagrams with the entries that changed
+//!   (and every heartbeat the busy ones), and the reliable gossip key `inflight` with
+//!   the busy and recently emptied ones (`outbox.rs`);
 //! - scraped replica state: each replica is scraped by `scrape_owners` nodes chosen
-//!   by rendezvous hashing over the region's live members and published as
-//!   `scrape/<replica>`, so scrape load stays flat as nodes are added;
+//!   by rendezvous hashing over the region's live members, so scrape load stays flat as
+//!   nodes are added; its first owner shares it as `scrape/<replica>` at most once per
+//!   `scrape_publish_ms` (`scrapes.rs`);
 //! - prefix-index deltas per replica (`prefix/<replica>`, bounded);
 //! - the precise (KV-event) index of each replica this node follows: deltas and
 //!   snapshots (`kv/<replica>/…`, `kv.rs`), mirrored by every other node;
