@@ -6,6 +6,10 @@
 //! token-load rows are the cheapest baseline for comparison.
 //! Criterion reports means; after it, `tail` times 20,000 single `route/slo` decisions
 //! per fleet size one by one and prints p50/p99/p99.9 (the bound is on the p99).
+//! `DECISION_TAIL_SIZES` (e.g. `100,1024`) and `DECISION_TAIL_DECISIONS` narrow the
+//! `tail` run, so that callgrind can count one size's instructions in reasonable time;
+//! `DECISION_TAIL_DIGEST=1` prints a digest of every decision made (targets, forecasts,
+//! labels), to check that a change to the decision code left its decisions as they were.
 //! `prefix/*` times matching a 131k-token conversation turn (bisection past the exact
 //! head against the block-by-block walk).
 //! Run: `cargo bench -p headroom --bench decision`.
@@ -189,7 +193,7 @@ impl Setup {
 fn bench(c: &mut Criterion) {
     let (req, params) = (request(), params());
     let mut g = c.benchmark_group("decision");
-    for n in [8usize, 64, 256, 1024] {
+    for n in [8usize, 64, 100, 256, 1024] {
         let setup = Setup::new(n, &req);
         g.throughput(Throughput::Elements(1));
         for name in [PolicyName::Slo, PolicyName::TokenLoad] {
@@ -235,7 +239,14 @@ fn tail(_c: &mut Criterion) {
         return;
     }
     let req = request();
-    for n in [8usize, 64, 256, 1024] {
+    let env = |k: &str| std::env::var(k).ok();
+    let sizes: Vec<usize> = env("DECISION_TAIL_SIZES")
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![8, 64, 100, 256, 1024]);
+    let decisions: u64 = env("DECISION_TAIL_DECISIONS")
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(20_000);
+    for n in sizes {
         let setup = Setup::new(n, &req);
         let pol = policy::build(
             PolicyName::Slo,
@@ -245,13 +256,20 @@ fn tail(_c: &mut Criterion) {
         let inputs = setup.inputs(pol.as_ref());
         let mut rng = SmallRng::seed_from_u64(2);
         let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-        for i in 0..22_000 {
+        let digest = env("DECISION_TAIL_DIGEST").is_some_and(|d| d == "1");
+        let mut sum = std::hash::DefaultHasher::new();
+        let warm_up = decisions / 10;
+        for i in 0..decisions + warm_up {
             let t = std::time::Instant::now();
             let r = route(&inputs, &req, 1.0, &mut rng).expect("routable");
             let ns = t.elapsed().as_nanos() as u64;
+            if digest {
+                use std::hash::Hash;
+                format!("{:?} {:?} {:?}", r.verdict, r.targets, r.fallback).hash(&mut sum);
+            }
             std::hint::black_box(r);
-            // The first 2,000 warm caches and the allocator.
-            if i >= 2_000 {
+            // The first tenth (2,000 by default) warms caches and the allocator.
+            if i >= warm_up {
                 h.record(ns).expect("in range");
             }
         }
@@ -263,6 +281,10 @@ fn tail(_c: &mut Criterion) {
             h.max() as f64 / 1e3,
             h.len()
         );
+        if digest {
+            use std::hash::Hasher;
+            println!("decision/tail/route/slo/{n}: digest {:016x}", sum.finish());
+        }
     }
 }
 
