@@ -108,7 +108,13 @@ fn route_inner<R: ReplicaView>(
 ) -> Result<Routed, CandidateError> {
     let started = Instant::now();
     let cands = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
-    let mut ctx = DecideCtx { now_s, rng };
+    // Only the targets are read, unless every candidate's rank is explained.
+    let top = if explain {
+        usize::MAX
+    } else {
+        inp.max_targets.max(1)
+    };
+    let mut ctx = DecideCtx { now_s, rng, top };
     let decision = if inp.policy.regional() {
         inp.policy.decide(profile, &cands, &mut ctx)
     } else {

@@ -221,6 +221,7 @@ fn bench(c: &mut Criterion) {
                         &mut DecideCtx {
                             now_s: 1.0,
                             rng: &mut rng,
+                            top: usize::MAX,
                         },
                     )
                 })

@@ -44,7 +44,7 @@ impl Policy for LeastRequest {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let costs: Vec<f64> = cands.iter().map(|c| c.load().requests).collect();
-        Decision::route(rank::by_cost(&costs, ctx.rng))
+        Decision::route(rank::by_cost_top(&costs, ctx.rng, ctx.top))
     }
 }
 
@@ -70,7 +70,7 @@ impl Policy for TokenLoad {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let costs: Vec<f64> = cands.iter().map(|c| tokens_with(req, c)).collect();
-        Decision::route(rank::by_cost(&costs, ctx.rng))
+        Decision::route(rank::by_cost_top(&costs, ctx.rng, ctx.top))
     }
 }
 
@@ -169,7 +169,7 @@ impl Policy for PrefixAffinity {
                 }
             })
             .collect();
-        let mut d = Decision::route(rank::by_cost(&costs, ctx.rng));
+        let mut d = Decision::route(rank::by_cost_top(&costs, ctx.rng, ctx.top));
         if release {
             d.fallback = Some("affinity-released");
         }
@@ -214,6 +214,7 @@ mod tests {
         let mut ctx = DecideCtx {
             now_s: 0.0,
             rng: &mut rng,
+            top: usize::MAX,
         };
         match p.decide(r, c, &mut ctx).choice {
             super::super::Choice::Route(o) => {

@@ -181,6 +181,9 @@ impl Decision {
 pub struct DecideCtx<'r> {
     pub now_s: f64,
     pub rng: &'r mut dyn rand::RngCore,
+    /// How many of the order the caller reads (the choice and its retry targets): past
+    /// them a policy may leave its order unsorted. `usize::MAX` reads all of it.
+    pub top: usize,
 }
 
 /// A routing policy.

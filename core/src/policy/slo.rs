@@ -261,6 +261,11 @@ pub fn collateral_violations(p: &Prediction, added_ms: f64, slo_ms: f64) -> f64 
 /// Best-first order over evaluations: tier; within the tier that fits, violation
 /// probability then cost; within a tier that misses, lateness.
 pub fn order(evals: &[Eval], rng: &mut dyn rand::RngCore) -> Vec<usize> {
+    order_top(evals, rng, usize::MAX)
+}
+
+/// As [`order`], with only the first `top` in order ([`rank::by_cost_top`]).
+pub fn order_top(evals: &[Eval], rng: &mut dyn rand::RngCore, top: usize) -> Vec<usize> {
     let keys: Vec<f64> = evals
         .iter()
         .map(|e| {
@@ -272,7 +277,7 @@ pub fn order(evals: &[Eval], rng: &mut dyn rand::RngCore) -> Vec<usize> {
             e.tier as f64 * TIER_SPACING + within.min(TIER_SPACING / 2.0)
         })
         .collect();
-    rank::by_cost(&keys, rng)
+    rank::by_cost_top(&keys, rng, top)
 }
 
 /// Keys of different tiers never overlap (violation probability with collateral is at
@@ -386,6 +391,7 @@ impl SloPolicy {
     fn probe(
         &self,
         cands: &[Candidate<'_>],
+        loads: &[Load],
         evals: &[Eval],
         allowed: &dyn Fn(usize) -> bool,
         now_s: f64,
@@ -394,7 +400,7 @@ impl SloPolicy {
             return None;
         }
         (0..cands.len())
-            .filter(|&i| evals[i].tier == 0 && allowed(i) && cands[i].load().requests == 0.0)
+            .filter(|&i| evals[i].tier == 0 && allowed(i) && loads[i].requests == 0.0)
             .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
             .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -418,35 +424,41 @@ impl Policy for SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let snap = self.predictor.load();
-        let loads: Vec<Load> = cands.iter().map(Candidate::load).collect();
-        let obs: Vec<_> = cands
-            .iter()
-            .zip(&loads)
-            .map(|(c, l)| features::observation_with(req, c, l))
-            .collect();
-        let preds: Vec<Prediction> = cands
-            .iter()
-            .zip(&obs)
-            .map(|(c, o)| snap.predict(features::key(c), o))
-            .collect();
+        // One pass per candidate: its load, its round trip and the engine-side forecast.
+        // The observation is rebuilt where the interference guard needs it (identical
+        // values), rather than kept for every candidate: at 1,024 candidates each
+        // per-candidate table is over 100 kB, and the copies cost more than the math.
+        let mut loads: Vec<Load> = Vec::with_capacity(cands.len());
+        let mut rtts: Vec<Option<f64>> = Vec::with_capacity(cands.len());
+        let mut preds: Vec<Prediction> = Vec::with_capacity(cands.len());
+        for c in cands {
+            let load = c.load();
+            preds.push(snap.predict(
+                features::key(c),
+                &features::observation_with(req, c, &load),
+            ));
+            loads.push(load);
+            rtts.push(c.replica.remote_rtt_ms());
+        }
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
         // its own bound (its labels are scarcer and noisier), so warmth is TTFT's. It is
         // the home region's: remote classes this node rarely places on stay cold under
         // its own gate, and counting them would pin it to load-routing at home forever.
-        let local: Vec<bool> = cands.iter().map(region::is_local).collect();
-        let any_local = local.contains(&true);
-        let home = |i: usize| local[i] || !any_local;
+        let local = |i: usize| rtts[i].is_none();
+        let rtt = |i: usize| rtts[i].unwrap_or(0.0);
+        let any_local = rtts.iter().any(Option::is_none);
+        let home = |i: usize| local(i) || !any_local;
         let pool = (0..cands.len()).filter(|&i| home(i)).count();
         let warm = (0..cands.len())
             .filter(|&i| home(i) && preds[i].ttft_state == ModelState::Warm)
             .count();
-        // Round trips to remote candidates (0 in region) and what the client would see.
-        let rtts: Vec<f64> = cands.iter().map(region::rtt_of).collect();
-        let seen: Vec<Prediction> = preds
-            .iter()
-            .zip(&rtts)
-            .map(|(p, r)| region::with_rtt(*p, *r))
-            .collect();
+        // What the client would see through each round trip (0 in region): the
+        // predictions the decision reports. In place, once the engine-side ones are used.
+        let to_seen = |preds: &mut Vec<Prediction>| {
+            for (p, r) in preds.iter_mut().zip(&rtts) {
+                *p = region::with_rtt(*p, r.unwrap_or(0.0));
+            }
+        };
         if (warm as f64) < self.cfg.min_warm_fraction * pool as f64 {
             // Home is cold: by load among the home candidates and any remote one whose
             // warm forecast meets both objectives with its round trip (else a cold
@@ -456,7 +468,7 @@ impl Policy for SloPolicy {
                     && preds[i].ttft_state == ModelState::Warm
                     && evaluate(
                         &preds[i],
-                        (req.slo.ttft_ms - rtts[i]).max(1e-6),
+                        (req.slo.ttft_ms - rtt(i)).max(1e-6),
                         req.slo.tpot_ms,
                         loads[i].min_tpot_slo_ms,
                     )
@@ -479,7 +491,8 @@ impl Policy for SloPolicy {
             if let Choice::Route(order) = &mut d.choice {
                 order.extend((0..cands.len()).filter(|&i| keep[i] && !first[i]));
             }
-            d.predictions = seen;
+            to_seen(&mut preds);
+            d.predictions = preds;
             d.fallback = Some("cold-model");
             return d;
         }
@@ -487,12 +500,11 @@ impl Policy for SloPolicy {
         let evals: Vec<Eval> = cands
             .iter()
             .zip(&preds)
-            .zip(&obs)
             .zip(&loads)
             .zip(&rtts)
-            .map(|((((c, p), o), load), rtt)| {
+            .map(|(((c, p), load), rtt)| {
                 // The engine must answer within the objective less the round trip.
-                let ttft_slo = (req.slo.ttft_ms - rtt).max(1e-6);
+                let ttft_slo = (req.slo.ttft_ms - rtt.unwrap_or(0.0)).max(1e-6);
                 let mut e = evaluate(p, ttft_slo, req.slo.tpot_ms, load.min_tpot_slo_ms);
                 // This prefill stretches the steps of every request decoding there: the
                 // expected objectives it would break count against the placement.
@@ -501,7 +513,7 @@ impl Policy for SloPolicy {
                     && load.decoding_requests >= 1.0
                     && uncached_tokens >= INTERFERENCE_MIN_TOKENS
                 {
-                    let mut alone = *o;
+                    let mut alone = features::observation_with(req, c, load);
                     alone.queued_prefill_tokens = 0.0;
                     alone.queued_requests = 0.0;
                     alone.queued_attention_pairs = 0.0;
@@ -539,11 +551,12 @@ impl Policy for SloPolicy {
                 e
             })
             .collect();
-        let mut ranked = order(&evals, ctx.rng);
+        to_seen(&mut preds);
+        let mut ranked = order_top(&evals, ctx.rng, ctx.top);
         // Local first: out of region only when no local candidate meets both objectives
         // and a remote one, its round trip included, does; least-bad stays local.
-        let away = |i: usize| !local[i];
-        let probe = self.probe(cands, &evals, &home, ctx.now_s);
+        let away = |i: usize| !local(i);
+        let probe = self.probe(cands, &loads, &evals, &home, ctx.now_s);
         let mut fit = probe
             .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
             .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
@@ -567,13 +580,12 @@ impl Policy for SloPolicy {
                         ),
                         fallback_order: ranked,
                     },
-                    predictions: seen,
+                    predictions: preds,
                     evals,
                     fallback: Some(HOLD),
                 };
             }
         }
-        let preds = seen;
         match fit {
             Some(choice) => {
                 ranked.retain(|&i| i != choice);
@@ -912,6 +924,7 @@ mod tests {
             let mut ctx = DecideCtx {
                 now_s: 0.0,
                 rng: &mut rng,
+                top: usize::MAX,
             };
             let d = p.decide(&req, &cands, &mut ctx);
             assert_eq!(d.fallback, Some("cold-model"));
@@ -996,6 +1009,7 @@ mod tests {
             let mut ctx = DecideCtx {
                 now_s: 80.0,
                 rng: &mut rng,
+                top: usize::MAX,
             };
             p.decide(&req, &cands, &mut ctx)
         };

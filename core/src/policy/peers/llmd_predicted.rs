@@ -696,6 +696,7 @@ mod tests {
         let mut ctx = DecideCtx {
             now_s: 0.0,
             rng: &mut rng,
+            top: usize::MAX,
         };
         let d = p.decide(&r, &cs, &mut ctx);
         assert!(matches!(d.choice, Choice::Reject(_)), "{:?}", d.choice);

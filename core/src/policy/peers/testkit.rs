@@ -101,6 +101,7 @@ pub fn ranking(p: &dyn Policy, r: &RequestProfile, c: &[Candidate<'_>], seed: u6
     let mut ctx = DecideCtx {
         now_s: 0.0,
         rng: &mut rng,
+        top: usize::MAX,
     };
     match p.decide(r, c, &mut ctx).choice {
         Choice::Route(o) => {
