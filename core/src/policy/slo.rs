@@ -229,6 +229,12 @@ pub fn cold_try_ok(ttft_state: ModelState, requests: f64, wasted: f64) -> bool {
 /// least-bad choice kept sending it everything. With the spread stretched to the bound,
 /// σ' = σ·ln(bound/median)/ln(upper/median), the probability agrees with the tier.
 pub fn tail_within(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) -> f64 {
+    // The bound is the calibrated one (the usual case): nothing to widen, and two
+    // logarithms per target spared (a third of `evaluate`). Exact: equal ratios have
+    // equal logarithms, which the test below would find not greater.
+    if bound == upper {
+        return lognormal_tail(median, sigma, slo);
+    }
     let (lu, lb) = ((upper / median).ln(), (bound / median).ln());
     let sigma = if lb > lu && lu > 0.0 && lu.is_finite() && lb.is_finite() {
         sigma * lb / lu
