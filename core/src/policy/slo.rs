@@ -397,7 +397,6 @@ impl SloPolicy {
     fn probe(
         &self,
         cands: &[Candidate<'_>],
-        loads: &[Load],
         evals: &[Eval],
         allowed: &dyn Fn(usize) -> bool,
         now_s: f64,
@@ -406,7 +405,7 @@ impl SloPolicy {
             return None;
         }
         (0..cands.len())
-            .filter(|&i| evals[i].tier == 0 && allowed(i) && loads[i].requests == 0.0)
+            .filter(|&i| evals[i].tier == 0 && allowed(i) && cands[i].load().requests == 0.0)
             .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
             .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -430,11 +429,10 @@ impl Policy for SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let snap = self.predictor.load();
-        // One pass per candidate: its load, its round trip and the engine-side forecast.
-        // The observation is rebuilt where the interference guard needs it (identical
-        // values), rather than kept for every candidate: at 1,024 candidates each
-        // per-candidate table is over 100 kB, and the copies cost more than the math.
-        let mut loads: Vec<Load> = Vec::with_capacity(cands.len());
+        // One pass per candidate: its round trip and the engine-side forecast. Loads and
+        // observations are summed again where needed (identical values) rather than kept
+        // for every candidate: at 1,024 candidates each such table is 100-150 kB, and
+        // their copies and page faults cost more than the sums.
         let mut rtts: Vec<Option<f64>> = Vec::with_capacity(cands.len());
         let mut preds: Vec<Prediction> = Vec::with_capacity(cands.len());
         for c in cands {
@@ -443,7 +441,6 @@ impl Policy for SloPolicy {
                 features::key(c),
                 &features::observation_with(req, c, &load),
             ));
-            loads.push(load);
             rtts.push(c.replica.remote_rtt_ms());
         }
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
@@ -476,7 +473,7 @@ impl Policy for SloPolicy {
                         &preds[i],
                         (req.slo.ttft_ms - rtt(i)).max(1e-6),
                         req.slo.tpot_ms,
-                        loads[i].min_tpot_slo_ms,
+                        cands[i].load().min_tpot_slo_ms,
                     )
                     .tier
                         == 0
@@ -487,7 +484,7 @@ impl Policy for SloPolicy {
             let mut first = keep.clone();
             if self.cfg.kv_room {
                 let room: Vec<bool> = (0..cands.len())
-                    .map(|i| keep[i] && kv_room::overflow(req, &cands[i], &loads[i]) == 0.0)
+                    .map(|i| keep[i] && kv_room::overflow(req, &cands[i], &cands[i].load()) == 0.0)
                     .collect();
                 if room.contains(&true) {
                     first = room;
@@ -506,9 +503,9 @@ impl Policy for SloPolicy {
         let evals: Vec<Eval> = cands
             .iter()
             .zip(&preds)
-            .zip(&loads)
             .zip(&rtts)
-            .map(|(((c, p), load), rtt)| {
+            .map(|((c, p), rtt)| {
+                let load = &c.load();
                 // The engine must answer within the objective less the round trip.
                 let ttft_slo = (req.slo.ttft_ms - rtt.unwrap_or(0.0)).max(1e-6);
                 let mut e = evaluate(p, ttft_slo, req.slo.tpot_ms, load.min_tpot_slo_ms);
@@ -562,16 +559,16 @@ impl Policy for SloPolicy {
         // Local first: out of region only when no local candidate meets both objectives
         // and a remote one, its round trip included, does; least-bad stays local.
         let away = |i: usize| !local(i);
-        let probe = self.probe(cands, &loads, &evals, &home, ctx.now_s);
+        let probe = self.probe(cands, &evals, &home, ctx.now_s);
         let mut fit = probe
             .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
             .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
         // Slack: with every replica it fits on busy, a request that can wait does, so
         // that the tight requests behind it find the engines' queues short.
         if let Some(c) = fit.filter(|_| probe.is_none())
-            && holds(&evals[c], &loads[c], req.slo.ttft_ms, self.cfg.hold)
+            && holds(&evals[c], &cands[c].load(), req.slo.ttft_ms, self.cfg.hold)
         {
-            let free = |i: usize| home(i) == home(c) && !busy(&loads[i]);
+            let free = |i: usize| home(i) == home(c) && !busy(&cands[i].load());
             fit = self.pick(cands, &evals, Some(0), &free, ctx);
             if fit.is_none() {
                 ranked.retain(|&i| i != c);
