@@ -114,11 +114,7 @@ pub fn lognormal_tail(median: f64, sigma: f64, slo: f64) -> f64 {
     }
     // One log of the ratio; beyond ±8.5σ the tail is 0 or 1 to double precision, which
     // spares erfc's exp on most candidates (a comfortable objective is the usual case).
-    let r = slo / median;
-    if surely_saturated(r, sigma) {
-        return 0.0;
-    }
-    let z = r.ln() / sigma;
+    let z = (slo / median).ln() / sigma;
     if z > TAIL_SATURATES {
         0.0
     } else if z < -TAIL_SATURATES {
@@ -130,25 +126,6 @@ pub fn lognormal_tail(median: f64, sigma: f64, slo: f64) -> f64 {
 
 /// |z| beyond which P(Z > z) is below 1e-17.
 const TAIL_SATURATES: f64 = 8.5;
-
-/// Whether `ln(r) / sigma > TAIL_SATURATES` is certain without taking the logarithm,
-/// which was a third of the `slo` policy's logarithms (both targets of every candidate
-/// with a comfortable objective). Never yes where that test says no: with
-/// `r = m·2^e`, `m ∈ [1, 2)`, `ln r ≥ e·ln 2 + x − x²/2` (`x = m − 1`; within 0.2 of
-/// it), and the margin of 1e-9 exceeds the rounding of this bound and of `ln` by a
-/// million times. Only for normal `r ≥ 2` and a positive, finite `sigma`; else no.
-#[inline(always)]
-fn surely_saturated(r: f64, sigma: f64) -> bool {
-    if !(r >= 2.0 && r.is_finite() && sigma > 0.0 && sigma.is_finite()) {
-        return false;
-    }
-    let bits = r.to_bits();
-    let e = ((bits >> 52) & 0x7ff) as f64 - 1023.0;
-    let x = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000) - 1.0;
-    // `LN_2` is the double just below ln 2.
-    let lower = e * std::f64::consts::LN_2 + (x - 0.5 * x * x);
-    lower > TAIL_SATURATES * sigma * (1.0 + 1e-9)
-}
 
 /// Everything needed to evaluate one target for one replica: coefficients and cached
 /// exponentials, so predict() is a dot product and a few multiplications.
@@ -238,59 +215,6 @@ impl<const D: usize> TargetParams<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The tail as it was before the saturation shortcut: one logarithm always.
-    fn tail_by_log(median: f64, sigma: f64, slo: f64) -> f64 {
-        if slo.is_nan() || slo <= 0.0 {
-            return 1.0;
-        }
-        if slo.is_infinite() {
-            return 0.0;
-        }
-        let z = (slo / median).ln() / sigma;
-        if z > TAIL_SATURATES {
-            0.0
-        } else if z < -TAIL_SATURATES {
-            1.0
-        } else {
-            crate::normal::normal_sf(z)
-        }
-    }
-
-    /// The shortcut never changes a tail: on random spreads and ratios, those just
-    /// either side of the saturation point above all, and odd values.
-    #[test]
-    fn saturation_shortcut_gives_the_tail_the_logarithm_gives() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut unit = || {
-            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
-        let odd = [0.0, -1.0, 1e-300, 5e-324, f64::NAN, f64::INFINITY, 1e300];
-        let mut shortcut = 0;
-        for k in 0..400_000 {
-            let sigma = (unit() * 12.0 - 9.0).exp();
-            let median = (unit() * 20.0 - 5.0).exp();
-            let slo = match k % 4 {
-                // At the saturation point, within a few parts in 10⁹ either way.
-                0 | 1 => median * (TAIL_SATURATES * sigma * (1.0 + (unit() - 0.5) * 1e-8)).exp(),
-                2 => median * (unit() * 60.0 - 10.0).exp(),
-                _ => odd[k % odd.len()] * if k % 3 == 0 { median } else { 1.0 },
-            };
-            let (m, s) = match k % 97 {
-                0 => (odd[k % odd.len()], sigma),
-                1 => (median, odd[k % odd.len()]),
-                _ => (median, sigma),
-            };
-            let (fast, slow) = (lognormal_tail(m, s, slo), tail_by_log(m, s, slo));
-            assert!(
-                fast.to_bits() == slow.to_bits() || (fast.is_nan() && slow.is_nan()),
-                "median {m} sigma {s} slo {slo}: {fast} vs {slow}"
-            );
-            shortcut += usize::from(surely_saturated(slo / m, s));
-        }
-        assert!(shortcut > 50_000, "the shortcut is taken: {shortcut}");
-    }
 
     #[test]
     fn violation_probability_is_alpha_at_the_bound_and_half_at_the_median() {
