@@ -78,7 +78,14 @@ mod tests {
                 .map(|_| match g.random_range(0..8) {
                     0 => f64::NAN,
                     1 => f64::INFINITY,
-                    k => (k % 3) as f64 + if round % 2 == 0 { g.random::<f64>() } else { 0.0 },
+                    k => {
+                        (k % 3) as f64
+                            + if round % 2 == 0 {
+                                g.random::<f64>()
+                            } else {
+                                0.0
+                            }
+                    }
                 })
                 .collect();
             let top = g.random_range(0..6);
@@ -88,7 +95,11 @@ mod tests {
             );
             let full = super::by_cost(&costs, &mut a);
             let part = super::by_cost_top(&costs, &mut b, top);
-            assert_eq!(part[..top.min(n)], full[..top.min(n)], "{costs:?} top {top}");
+            assert_eq!(
+                part[..top.min(n)],
+                full[..top.min(n)],
+                "{costs:?} top {top}"
+            );
             let mut sorted = part.clone();
             sorted.sort_unstable();
             assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "a permutation");

@@ -437,10 +437,7 @@ impl Policy for SloPolicy {
         let mut preds: Vec<Prediction> = Vec::with_capacity(cands.len());
         for c in cands {
             let load = c.load();
-            preds.push(snap.predict(
-                features::key(c),
-                &features::observation_with(req, c, &load),
-            ));
+            preds.push(snap.predict(features::key(c), &features::observation_with(req, c, &load)));
             rtts.push(c.replica.remote_rtt_ms());
         }
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
