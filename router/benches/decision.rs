@@ -16,6 +16,10 @@
 
 use std::sync::Arc;
 
+/// The router binary's allocator: the decision's buffers cost what they cost there.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use headroom::{
     config::ReplicaConfig,

@@ -12,6 +12,10 @@ use headroom::{
 };
 use tokio_util::sync::CancellationToken;
 
+/// The binary's allocator (the decision bench uses it too, so that it times what runs).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "headroom",
