@@ -1,6 +1,6 @@
 """The Containerfile against the repository: every COPY source exists and survives the
 ignore file, stages are defined before use, cargo builds packages and binaries that
-exist, entrypoints are what the stage copied, and the exposed ports are the ones the
+exist, every workspace member is copied, entrypoints are what the stage copied, and the exposed ports are the ones the
 Kubernetes manifests and config use.
 """
 
@@ -43,7 +43,7 @@ def check(deploy):
     ignore = [l.strip() for l in (deploy / "container/Containerfile.dockerignore").read_text().splitlines()
               if l.strip() and not l.startswith("#")]
     errors, stages, current = [], {}, None
-    packages = {}
+    packages, copied_srcs = {}, set()
     for toml in repo.glob("*/Cargo.toml"):
         doc = tomllib.loads(toml.read_text())
         if "package" in doc:
@@ -69,6 +69,7 @@ def check(deploy):
                 stages[current]["copied"].add(dest)
                 continue
             for s in srcs:
+                copied_srcs.add(s.rstrip("/"))
                 if not (repo / s).exists():
                     errors.append(f"COPY {s}: not in the repository")
                 elif _ignored(s.rstrip("/"), ignore):
@@ -90,6 +91,11 @@ def check(deploy):
                 errors.append("HEALTHCHECK: expected the exec form CMD [...]")
             else:
                 stages[current]["health"] = json.loads(cmd.group(1))
+    # cargo resolves the whole workspace: a member left out fails the build.
+    members = tomllib.loads((repo / "Cargo.toml").read_text())["workspace"]["members"]
+    for m in members:
+        if m not in copied_srcs:
+            errors.append(f"workspace member {m}/ is not copied into the build stage")
     for name, st in stages.items():
         ep = st["entrypoint"]
         if ep and ep[0] not in st["copied"]:
