@@ -15,7 +15,9 @@
 #      a `[scrape]` table), HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
 #      A Headroom system may carry a variant, `headroom-slo+NAME` (or
 #      `headroom-token-load+NAME`): that policy with the TOML in HEADROOM_SBS_EXTRA_NAME
-#      appended to its config, for A/B runs of a setting on one fleet in one run.
+#      appended to its config, for A/B runs of a setting on one fleet in one run;
+#      and/or the `headroom` binary in HEADROOM_SBS_BIN_NAME, for A/B runs of a code
+#      change (e.g. the previous commit's release build copied aside).
 # Headroom's decision records go to OUT/decisions-SYSTEM.json (`/debug/decisions`); the
 # engines' own preemption and token counters over each system's replay to
 # OUT/engine_counters.md.
@@ -148,18 +150,28 @@ conf_for() { # SYSTEM
         if [[ "$1" == *+* ]]; then
             local var="HEADROOM_SBS_EXTRA_${1#*+}"
             var="${var//-/_}"
-            [[ -n "${!var:-}" ]] || die "$1: set $var to the TOML of this variant"
-            printf '%s\n' "${!var}"
+            local bin="HEADROOM_SBS_BIN_${1#*+}"
+            bin="${bin//-/_}"
+            [[ -n "${!var:-}" || -n "${!bin:-}" ]] || die "$1: set $var to the TOML of this variant (or $bin to its binary)"
+            printf '%s\n' "${!var:-}"
         fi
     } > "$c"
     echo "$c"
 }
 
+# A variant's own binary (HEADROOM_SBS_BIN_NAME), else this checkout's release build.
+bin_for() {
+    local b=""
+    if [[ "$1" == *+* ]]; then b="HEADROOM_SBS_BIN_${1#*+}"; b="${b//-/_}"; b="${!b:-}"; fi
+    [[ -z "$b" || -x "$b" ]] || die "$1: $b is not an executable"
+    echo "${b:-$BIN/headroom}"
+}
+
 for sys in $SYSTEMS; do
     P=$(free_port); Q=$(free_port)
     case "$sys" in
-        headroom-slo|headroom-slo+*) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy slo ;;
-        headroom-token-load|headroom-token-load+*) measure "$sys" "$P" "$BIN/headroom" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy token-load ;;
+        headroom-slo|headroom-slo+*) measure "$sys" "$P" "$(bin_for "$sys")" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy slo ;;
+        headroom-token-load|headroom-token-load+*) measure "$sys" "$P" "$(bin_for "$sys")" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy token-load ;;
         vllm-router) measure "$sys" "$P" "$PY/vllm-router" --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
             --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
         sglang-router) measure "$sys" "$P" "$PY/sglang-router" launch --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \

@@ -15,10 +15,10 @@
 //! cost (predicted latency relative to the objectives, which rewards fast hardware and
 //! prefix-cache hits); in a tier that misses, lateness (the effective bounds relative to
 //! the objectives) instead of the violation probability, which is near 1 for all there
-//! ([`within_tier_key`]). The choice is random among near-equals — violation probability
+//! ([`within_tier_key`]). The choice is among near-equals — violation probability
 //! within `near_equal` of the best, then cost within `cost_tolerance` of the cheapest —
-//! with hysteresis for this node's previous pick, so nodes holding the same view do
-//! not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
+//! the fewer in-flight requests of two drawn at random, with hysteresis for this node's
+//! previous pick, so nodes holding the same view do not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
 //! by outstanding tokens instead — this request's uncached prompt tokens and expected
 //! output plus what is already there (with `kv_room`, among the candidates with KV
 //! room when any has it) — which is prefix-aware and load-aware: on the
@@ -317,6 +317,28 @@ pub fn near_best(e: &Eval, best: f64, cfg: &SloConfig, extra: f64) -> bool {
     }
 }
 
+/// Among near-equal placements, the fewer in-flight requests (this node's and its
+/// peers') of two drawn at random; the first drawn on a tie. Two choices, not the least
+/// loaded of all: nodes whose views of their peers lag by a gossip period would all
+/// send the same instant's requests to the one least-loaded replica, while a uniform
+/// draw leaves the spread to chance (16 meshed nodes on 4 replicas: 8–12% imbalance
+/// against a single node's 3–6%). `near` must not be empty.
+fn two_choices(near: &[usize], cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>) -> usize {
+    let n = near.len();
+    let a = near[ctx.rng.random_range(0..n)];
+    if n == 1 {
+        return a;
+    }
+    // The second draw skips the first: two distinct candidates.
+    let j = ctx.rng.random_range(0..n - 1);
+    let b = near[if near[j] == a { n - 1 } else { j }];
+    if cands[b].load().requests < cands[a].load().requests {
+        b
+    } else {
+        a
+    }
+}
+
 pub struct SloPolicy {
     predictor: Arc<SharedPredictor>,
     cfg: SloConfig,
@@ -386,8 +408,10 @@ impl SloPolicy {
                 evals[i].cost <= cheapest * (1.0 + tol) + 1e-9
             })
             .collect();
-        near.get(ctx.rng.random_range(0..near.len().max(1)))
-            .copied()
+        if near.is_empty() {
+            return None;
+        }
+        Some(two_choices(&near, cands, ctx))
     }
 }
 
@@ -736,6 +760,37 @@ mod tests {
             !cold_try_ok(ModelState::Warm, 0.0, 0.0),
             "warm: ranked as predicted"
         );
+    }
+
+    /// Among near-equals the busier of two never wins, peers' in-flight requests
+    /// counted, and the rest still share the traffic (no herding onto one).
+    #[test]
+    fn two_choices_avoids_the_busy_and_spreads_over_the_rest() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(4);
+        let mut cands: Vec<Candidate<'_>> = rs
+            .iter()
+            .map(|r| testkit::cand(r, 0, testkit::requests(0.0)))
+            .collect();
+        // Replica 2 is busy through a peer node's placements, not this node's.
+        cands[2].peers = testkit::requests(4.0);
+        let near = [0, 1, 2, 3];
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut ctx = DecideCtx {
+            now_s: 0.0,
+            rng: &mut rng,
+            top: usize::MAX,
+        };
+        let mut picks = [0u32; 4];
+        for _ in 0..3_000 {
+            picks[two_choices(&near, &cands, &mut ctx)] += 1;
+        }
+        // The busy one is picked only when drawn twice, which the draw excludes.
+        assert_eq!(picks[2], 0, "{picks:?}");
+        for i in [0, 1, 3] {
+            assert!((800..1_200).contains(&picks[i]), "{picks:?}");
+        }
+        assert_eq!(two_choices(&[3], &cands, &mut ctx), 3);
     }
 
     /// The design's worked example: objectives 800/50; A 500/65, B 650/35, C 900/25 → B.
