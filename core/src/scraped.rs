@@ -40,12 +40,17 @@ impl Scraped {
     }
 
     /// Whether the engine restarted between `before` and this scrape: one of its
-    /// monotone counters went backwards (a Prometheus counter reset). A restarted
-    /// engine's prefix cache is empty, whatever the router remembers placing there.
+    /// monotone counters fell below half its earlier value (a Prometheus counter reset
+    /// starts again from zero). A restarted engine's prefix cache is empty, whatever the
+    /// router remembers placing there. Not any step back: in a mesh, scrapes of one
+    /// engine by different nodes arrive with approximate ages, so two of them can be
+    /// compared out of order, a little apart; a reset halves a counter only if the
+    /// engine ran less than its own age since — and then it had little cached anyway.
     pub fn restarted_since(&self, before: &Scraped) -> bool {
-        self.prefix_queries < before.prefix_queries
-            || self.prefix_hits < before.prefix_hits
-            || self.preemptions < before.preemptions
+        let reset = |now: f64, was: f64| now < 0.5 * was;
+        reset(self.prefix_queries, before.prefix_queries)
+            || reset(self.prefix_hits, before.prefix_hits)
+            || reset(self.preemptions, before.preemptions)
     }
 }
 
@@ -75,6 +80,9 @@ mod tests {
         assert!(!at(100.0, 40.0).restarted_since(&at(100.0, 40.0)));
         assert!(!at(150.0, 40.0).restarted_since(&at(100.0, 40.0)));
         assert!(at(20.0, 0.0).restarted_since(&at(100.0, 40.0)));
+        // Two observers' scrapes compared out of order: a small step back is not one.
+        assert!(!at(9_500.0, 3_900.0).restarted_since(&at(10_000.0, 4_000.0)));
+        assert!(at(0.0, 0.0).restarted_since(&at(1.0, 0.0)));
         // An engine that reports no prefix counters never looks restarted.
         assert!(!at(0.0, 0.0).restarted_since(&at(0.0, 0.0)));
     }

@@ -296,7 +296,8 @@ impl Mesh {
     }
 
     /// Publishes this node's `key` in its region. The mesh keeps it alive (refreshes)
-    /// until [`Mesh::remove`] or shutdown. Returns the value's size in chitchat (base64
+    /// until [`Mesh::remove`] or shutdown, unless it is a measurement
+    /// ([`WireValue::is_measurement`]), which expires at the TTL unless published again. Returns the value's size in chitchat (base64
     /// text bytes), for callers that account their bandwidth.
     pub async fn publish(&self, key: &str, value: &WireValue) -> Result<usize, MeshError> {
         set_value(&self.regional, key, value, self.max_value_bytes).await
@@ -496,7 +497,8 @@ async fn remove_value(c: &Cluster, key: &str) {
 }
 
 /// Re-sets this node's values before their TTL runs out (a fresh timestamp makes the
-/// value differ, so chitchat bumps its version and peers restart their TTL clock).
+/// value differ, so chitchat bumps its version and peers restart their TTL clock);
+/// measurements ([`WireValue::is_measurement`]) excepted: they expire at the TTL.
 fn spawn_refresher(tracker: &TaskTracker, cancel: &CancellationToken, c: Arc<Cluster>, cap: usize) {
     let cancel = cancel.clone();
     tracker.spawn(async move {
@@ -511,8 +513,11 @@ fn spawn_refresher(tracker: &TaskTracker, cancel: &CancellationToken, c: Arc<Clu
             let now = Instant::now();
             let due: Vec<(String, String)> = {
                 let mut local = c.local.lock();
+                // Measurements are not kept alive: re-stamped, an old scrape would look
+                // new. Their publisher sends them again while they are news.
                 local
                     .iter_mut()
+                    .filter(|(_, (v, _))| !v.is_measurement())
                     .filter(|(_, (_, at))| now.duration_since(*at) >= stale_after)
                     .filter_map(|(k, (v, at))| {
                         *at = now;

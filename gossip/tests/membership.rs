@@ -139,8 +139,18 @@ async fn removed_key_is_reported_and_late_subscribers_get_a_replay() {
     assert!(matches!(ev, MeshEvent::Value { value, .. } if value == v));
     nodes[0].remove("inflight").await;
     next_matching(&mut rx, |e| matches!(e, MeshEvent::ValueRemoved { node, key, .. } if &**node == "a" && key == "inflight")).await;
-    // A value published and kept alive outlives the TTL thanks to the refresher.
+    // A value published and kept alive outlives the TTL thanks to the refresher; a
+    // measurement (a scrape) is never re-stamped, so one not published again expires.
     nodes[1].publish("info", &summary_info()).await.unwrap();
+    nodes[1].publish("scrape:7", &scrape(7)).await.unwrap();
+    eventually("c has b's scrape", || async {
+        nodes[2]
+            .members()
+            .await
+            .iter()
+            .any(|m| &*m.node_id == "b" && m.keys.contains(&"scrape:7".to_string()))
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(
         nodes[2]
@@ -148,9 +158,26 @@ async fn removed_key_is_reported_and_late_subscribers_get_a_replay() {
             .await
             .iter()
             .any(|m| &*m.node_id == "b" && m.keys == vec!["info".to_string()]),
-        "a refreshed value must survive its TTL"
+        "a refreshed value must survive its TTL, an old scrape must not"
     );
     shutdown_all(nodes).await;
+}
+
+fn scrape(replica: u64) -> WireValue {
+    WireValue::Scrape(headroom_gossip::wire::ReplicaScrape {
+        replica,
+        url: "http://127.0.0.1:8001".into(),
+        running: 1,
+        waiting: 0,
+        kv_usage: 0.5,
+        num_gpu_blocks: 100,
+        block_size: 16,
+        prefix_hits: 10,
+        prefix_queries: 20,
+        preemptions: 0,
+        scraped_at_ms: 1,
+        healthy: true,
+    })
 }
 
 fn summary_info() -> WireValue {

@@ -238,6 +238,13 @@ impl WireValue {
         }
     }
 
+    /// A measurement: what was true when it was published (an engine's scrape). The
+    /// mesh never re-stamps one to keep it alive — a refreshed timestamp would make an
+    /// old scrape look new to every peer — so one its publisher stops sending expires.
+    pub fn is_measurement(&self) -> bool {
+        matches!(self, Self::Scrape(_))
+    }
+
     /// Semantic checks beyond what the archive format guarantees.
     pub fn validate(&self) -> Result<(), &'static str> {
         fn s(v: &str) -> Result<(), &'static str> {

@@ -78,7 +78,7 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
                 let prev = r.scraped.load_full();
                 match parse_metrics(&text, prev.as_deref(), now) {
                     Ok(s) => {
-                        fleet.note_scrape(&r, prev.as_deref(), &s);
+                        fleet.note_scrape(&r, prev.as_deref(), &s, "own");
                         if s.rejected_values > 0 {
                             fleet
                                 .metrics

@@ -100,12 +100,28 @@ impl Fleet {
     /// Takes a new scrape of `r`: if the engine restarted since `prev` (its counters
     /// went back), its prefix cache is empty, so the prefix index forgets what was
     /// placed there. Returns whether it restarted.
-    pub fn note_scrape(&self, r: &Replica, prev: Option<&Scraped>, s: &Scraped) -> bool {
+    pub fn note_scrape(
+        &self,
+        r: &Replica,
+        prev: Option<&Scraped>,
+        s: &Scraped,
+        source: &str,
+    ) -> bool {
         let restarted = prev.is_some_and(|p| s.restarted_since(p));
         if restarted {
             self.prefix.forget(r.id);
             self.metrics.replica_restart(&r.name);
-            tracing::warn!(replica = %r.name, "engine restarted (its counters went back): its prefix cache is empty, forgotten here");
+            if let Some(p) = prev {
+                tracing::warn!(
+                    replica = %r.name,
+                    source,
+                    age_ms = format!("{:.0} -> {:.0}", (crate::clock::now_s() - p.at_s) * 1e3, (crate::clock::now_s() - s.at_s) * 1e3),
+                    prefix_queries = format!("{} -> {}", p.prefix_queries, s.prefix_queries),
+                    prefix_hits = format!("{} -> {}", p.prefix_hits, s.prefix_hits),
+                    preemptions = format!("{} -> {}", p.preemptions, s.preemptions),
+                    "engine restarted (its counters went back): its prefix cache is empty, forgotten here"
+                );
+            }
         }
         restarted
     }

@@ -618,7 +618,7 @@ impl MeshRuntime {
                     let prev = r.scraped.load_full();
                     let s = scrape_from_wire(&w, age, prev.as_deref());
                     if prev.as_ref().is_none_or(|p| s.at_s > p.at_s) {
-                        self.node.fleet.note_scrape(r, prev.as_deref(), &s);
+                        self.node.fleet.note_scrape(r, prev.as_deref(), &s, "peer");
                         r.scraped.store(Some(Arc::new(s)));
                     }
                 }
