@@ -133,14 +133,18 @@ pub struct Edge {
 
 impl Edge {
     pub fn new(cfg: &EdgeConfig, registry: &Registry) -> Self {
+        let needed = open_files_needed(cfg.max_connections);
         if let Some(limit) = open_files_limit()
-            && limit < cfg.max_connections as u64 + 128
+            && limit < needed
         {
             tracing::warn!(
                 limit,
+                needed,
                 max_connections = cfg.max_connections,
-                "the open-files limit is below edge.max_connections + 128: accepts may fail \
-                 with EMFILE before the cap applies; raise LimitNOFILE / ulimit -n or lower the cap"
+                "the open-files limit is below 2 × edge.max_connections + 128 (a client \
+                 socket and an upstream socket per request in flight): accepts and upstream \
+                 connects may fail with EMFILE before the cap applies; raise LimitNOFILE / \
+                 ulimit -n or lower the cap"
             );
         }
         Self {
@@ -346,6 +350,15 @@ impl Conn {
     }
 }
 
+/// Descriptors a node needs to hold `max_connections` client connections that each
+/// carry a request: the client socket, the upstream socket the request is proxied on
+/// (HTTP/1.1 to engines: one per request in flight), and a margin for listeners,
+/// scrapes, probes, the runtime and logs. HTTP/2 clients can carry up to 256 requests
+/// per connection, so for them this is a floor, not a bound.
+fn open_files_needed(max_connections: usize) -> u64 {
+    2 * max_connections as u64 + 128
+}
+
 /// The soft `Max open files` of this process (Linux), if readable.
 fn open_files_limit() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/limits").ok()?;
@@ -356,5 +369,20 @@ fn open_files_limit() -> Option<u64> {
 fn log_end(r: Result<(), Box<dyn std::error::Error + Send + Sync>>, peer: SocketAddr) {
     if let Err(e) = r {
         tracing::debug!(%peer, "connection ended: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_files_needed_counts_the_upstream_socket_of_each_connection() {
+        // 10,000 streaming clients hold 10,000 client and 10,000 upstream sockets: a
+        // limit of 20,000 ran out at ~9,990 streams (`headroom-bench streams`), so it
+        // must warn; the default cap fits the systemd unit's LimitNOFILE=65536.
+        assert_eq!(open_files_needed(10_000), 20_128);
+        assert!(open_files_needed(10_000) > 20_000);
+        assert!(open_files_needed(EdgeConfig::default().max_connections) <= 65_536);
     }
 }
