@@ -31,6 +31,11 @@ enum Cmd {
     Live(headroom_bench::live::cli::LiveArgs),
     /// Requests/s, added latency and CPU/request of headroom serve vs direct vs nginx.
     ProxyOverhead(headroom_bench::live::cli::OverheadArgs),
+    /// Thousands of slow streams held open through one headroom serve: router RSS, CPU,
+    /// descriptors, errors, time to first byte.
+    Streams(headroom_bench::live::cli::StreamsArgs),
+    /// The slow streaming upstream `streams` starts (a token every --interval-ms).
+    SlowUpstream(headroom_bench::live::cli::SlowUpstreamArgs),
     /// How many replicas of each class serve a recorded workload (the router's
     /// `request_log`) at its own objectives.
     Plan(PlanArgs),
@@ -487,6 +492,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Sim(a) => sim(a),
         Cmd::Live(a) => headroom_bench::live::cli::live(a),
         Cmd::ProxyOverhead(a) => headroom_bench::live::cli::proxy_overhead(a),
+        Cmd::Streams(a) => headroom_bench::live::cli::streams(a),
+        Cmd::SlowUpstream(a) => headroom_bench::live::cli::slow_upstream(a),
         Cmd::Plan(a) => plan(a),
     }
 }

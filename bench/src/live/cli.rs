@@ -410,3 +410,216 @@ pub fn proxy_overhead(a: OverheadArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args, Debug, Clone)]
+pub struct StreamsArgs {
+    /// Streams held at once, comma-separated: each count runs on a fresh router and
+    /// upstream.
+    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    pub streams: Vec<usize>,
+    /// Client protocols, comma-separated: http1 (a connection per stream) and/or h2
+    /// (streams multiplexed, --streams-per-conn each).
+    #[arg(long, value_delimiter = ',', default_value = "http1")]
+    pub protocol: Vec<super::streams::ClientProtocol>,
+    #[arg(long, default_value_t = 100)]
+    pub streams_per_conn: usize,
+    /// Token events per stream.
+    #[arg(long, default_value_t = 60)]
+    pub tokens: u32,
+    /// Milliseconds between two token events of a stream.
+    #[arg(long, default_value_t = 500.0)]
+    pub interval_ms: f64,
+    /// Seconds over which the streams are opened.
+    #[arg(long, default_value_t = 5.0)]
+    pub ramp_s: f64,
+    /// Upstream ports (replicas) behind the router: 1 or 2.
+    #[arg(long, default_value_t = 2)]
+    pub upstreams: usize,
+    #[arg(long, default_value = "round-robin")]
+    pub policy: String,
+    /// `headroom`'s tokenizer for the model.
+    #[arg(long, default_value = "cl100k")]
+    pub tokenizer: String,
+    /// Request body size (bytes, approximate).
+    #[arg(long, default_value_t = 1024)]
+    pub request_bytes: usize,
+    /// Extra argument for `headroom serve` (repeatable).
+    #[arg(long = "serve-arg", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
+    /// Directory of `headroom` and `headroom-bench` (default: next to this binary).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Milliseconds between two readings of the router's /proc entry.
+    #[arg(long, default_value_t = 1000.0)]
+    pub sample_ms: f64,
+    /// Loads run one after another on the same router: memory a later round does not
+    /// grow was kept by the allocator, not leaked.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Also write the table (markdown), the runs with their samples (JSON) and the
+    /// router and upstream logs here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Raises this process's soft open-files limit to its hard limit (children, the
+/// router included, inherit it); returns (soft, hard) after.
+fn raise_open_files() -> anyhow::Result<(u64, u64)> {
+    rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
+    Ok(rlimit::getrlimit(rlimit::Resource::NOFILE)?)
+}
+
+/// `headroom-bench streams`. The client runs on one thread (a current-thread
+/// runtime); the router has the remaining cores.
+pub fn streams(a: StreamsArgs) -> anyhow::Result<()> {
+    use super::streams::{StreamsOptions, run_streams, table};
+    let ms = |v: f64, what: &str| {
+        anyhow::ensure!(v.is_finite() && v > 0.0, "{what} must be > 0");
+        Ok(Duration::from_secs_f64(v / 1e3))
+    };
+    anyhow::ensure!(
+        a.ramp_s.is_finite() && a.ramp_s >= 0.0,
+        "--ramp-s must be >= 0"
+    );
+    anyhow::ensure!(
+        !a.streams.is_empty() && !a.protocol.is_empty(),
+        "need a stream count and a protocol"
+    );
+    let base = StreamsOptions {
+        tokens: a.tokens,
+        interval: ms(a.interval_ms, "--interval-ms")?,
+        ramp: Duration::from_secs_f64(a.ramp_s),
+        upstreams: a.upstreams,
+        streams_per_conn: a.streams_per_conn,
+        policy: a.policy.clone(),
+        tokenizer: a.tokenizer.clone(),
+        request_bytes: a.request_bytes,
+        serve_args: a.serve_args.clone(),
+        bin_dir: a.bin_dir.clone(),
+        rounds: a.rounds,
+        sample_every: ms(a.sample_ms, "--sample-ms")?,
+        log_dir: a.out.as_ref().map(|d| d.join("logs")),
+        ..StreamsOptions::default()
+    };
+    let (soft, hard) = raise_open_files()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let mut runs = Vec::new();
+    for &n in &a.streams {
+        for &p in &a.protocol {
+            let opts = StreamsOptions {
+                streams: n,
+                protocol: p,
+                ..base.clone()
+            };
+            eprintln!(
+                "streams: {n} over {} ({} client connections; router needs ~{} descriptors, \
+                 open-files limit {soft}) …",
+                p.name(),
+                opts.client_conns(),
+                opts.router_fds_needed()
+            );
+            let run = rt.block_on(run_streams(&opts))?;
+            eprintln!(
+                "  {} completed, {} errors, peak router RSS {:.1} MiB",
+                run.completed, run.errors, run.router_hwm_mib
+            );
+            runs.push(run);
+        }
+    }
+    let mut md = table(&runs).to_markdown();
+    md.push_str(&format!(
+        "\n{} token events {} ms apart per stream (first at once), opened over {} s; \
+         {} upstream port(s) in a separate process; policy {}; client on one thread of \
+         this process; open-files limit {soft} (hard {hard}) for every process; {} cores; \
+         load average after: {}\n",
+        a.tokens,
+        a.interval_ms,
+        a.ramp_s,
+        a.upstreams,
+        a.policy,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|_| "unknown".into()),
+    ));
+    for r in &runs {
+        md.push_str(&format!(
+            "- {} {}: router CPU {:.1} s over the {:.1} s load ({:.0} stream-seconds), \
+             upstream {:.1} s, client {:.1} s; RSS after each round's streams ended {:?} MiB; \
+             peak threads {}; stream lifetime p50 {} s, max {} s\n",
+            r.streams,
+            r.protocol,
+            r.router_load_cpu_s,
+            r.load_wall_s,
+            r.stream_seconds,
+            r.upstream_load_cpu_s,
+            r.client_load_cpu_s,
+            r.router_rss_after_round_mib
+                .iter()
+                .map(|m| (m * 10.0).round() / 10.0)
+                .collect::<Vec<_>>(),
+            r.router_peak_threads,
+            num(r.lifetime_p50_s, 1),
+            num(r.lifetime_max_s, 1),
+        ));
+        for (k, v) in &r.error_kinds {
+            md.push_str(&format!("  - errors `{k}`: {v}\n"));
+        }
+        for e in r.first_errors.iter().take(3) {
+            md.push_str(&format!("  - e.g. {e}\n"));
+        }
+    }
+    println!("{md}");
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("streams.md"), &md)?;
+        std::fs::write(
+            dir.join("streams.json"),
+            serde_json::to_string_pretty(&runs)?,
+        )?;
+    }
+    let failed: u64 = runs.iter().map(|r| r.errors).sum();
+    anyhow::ensure!(failed == 0, "{failed} streams failed (see the table)");
+    Ok(())
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SlowUpstreamArgs {
+    /// Listen address (repeatable: one replica per port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: Vec<std::net::SocketAddr>,
+    /// Token events per stream.
+    #[arg(long, default_value_t = 60)]
+    pub tokens: u32,
+    /// Milliseconds between two token events.
+    #[arg(long, default_value_t = 500.0)]
+    pub interval_ms: f64,
+    #[arg(long, default_value = "llama-3-8b")]
+    pub model: String,
+    /// Prompt tokens reported in usage.
+    #[arg(long, default_value_t = 200)]
+    pub prompt_tokens: u32,
+}
+
+/// `headroom-bench slow-upstream`: the upstream `streams` starts, on one thread.
+pub fn slow_upstream(a: SlowUpstreamArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.interval_ms.is_finite() && a.interval_ms > 0.0,
+        "--interval-ms must be > 0"
+    );
+    let chunks = super::slow_upstream::SlowChunks::new(
+        &a.model,
+        a.tokens,
+        a.prompt_tokens,
+        Duration::from_secs_f64(a.interval_ms / 1e3),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(super::slow_upstream::run_process(&a.listen, chunks))?;
+    Ok(())
+}

@@ -8,6 +8,9 @@
 //! - [`overhead`]: `headroom-bench proxy-overhead` — requests/s and added latency of
 //!   `headroom serve` against a direct connection and nginx, on a fixed-response
 //!   upstream ([`fixed_upstream`]).
+//! - [`streams`]: `headroom-bench streams` — thousands of slow streams held open
+//!   through one `headroom serve`, on a slow upstream ([`slow_upstream`]): router
+//!   RSS, CPU and descriptors over time, errors, time to first byte.
 //!
 //! Time: emulators run at `--time-scale F` (wall seconds per model second) and the
 //! replay compresses arrivals by the same F, so emulated GPU time and arrivals stay
@@ -31,7 +34,9 @@ pub mod orchestrate;
 pub mod overhead;
 pub mod procs;
 pub mod replay;
+pub mod slow_upstream;
 pub mod sse;
+pub mod streams;
 pub mod table;
 pub mod usage;
 
@@ -39,4 +44,5 @@ pub use error::LiveError;
 pub use orchestrate::{LiveMode, LiveOptions, LiveRun, RouterUsage, SpawnOptions, run_live};
 pub use overhead::{OverheadOptions, proxy_overhead};
 pub use replay::{Replay, ReplayOptions, replay};
+pub use streams::{ClientProtocol, StreamsOptions, StreamsRun, run_streams};
 pub use table::Table;

@@ -469,23 +469,7 @@ async fn run_all(
                 let records_off = matches!(t, OverheadTarget::HeadroomNoRecords(_));
                 let bin = find_binary("headroom", opts.bin_dir.as_deref())?;
                 let args = |addr: SocketAddr| {
-                    let mut a = vec![
-                        "--log".to_string(),
-                        "warn".into(),
-                        "serve".into(),
-                        "--listen".into(),
-                        addr.to_string(),
-                        "--policy".into(),
-                        policy.clone(),
-                        "--tokenizer".into(),
-                        format!("{}={}", opts.model, opts.tokenizer),
-                    ];
-                    for (i, u) in ups.iter().enumerate() {
-                        a.extend([
-                            "--replica".into(),
-                            format!("http://{u},name=u{i},class=fixed"),
-                        ]);
-                    }
+                    let mut a = serve_args(addr, policy, &opts.model, &opts.tokenizer, &ups);
                     if records_off {
                         a.extend(["--decision-records".into(), "0".into()]);
                     }
@@ -580,6 +564,35 @@ async fn run_all(
         loadavg_after: loadavg(),
         settings,
     })
+}
+
+/// `headroom serve` as the proxy benchmarks start it: warn-level logs, `policy`, the
+/// model's tokenizer, and one `--replica` of class `fixed` per upstream address.
+pub(crate) fn serve_args(
+    addr: SocketAddr,
+    policy: &str,
+    model: &str,
+    tokenizer: &str,
+    upstreams: &[SocketAddr],
+) -> Vec<String> {
+    let mut a = vec![
+        "--log".to_string(),
+        "warn".into(),
+        "serve".into(),
+        "--listen".into(),
+        addr.to_string(),
+        "--policy".into(),
+        policy.to_string(),
+        "--tokenizer".into(),
+        format!("{model}={tokenizer}"),
+    ];
+    for (i, u) in upstreams.iter().enumerate() {
+        a.extend([
+            "--replica".into(),
+            format!("http://{u},name=u{i},class=fixed"),
+        ]);
+    }
+    a
 }
 
 /// Per (concurrency, target) medians over repeats, with added latency against

@@ -50,16 +50,65 @@ pub fn usage_of(pid: u32) -> Option<ProcUsage> {
     let utime: f64 = f.get(11)?.parse().ok()?;
     let stime: f64 = f.get(12)?.parse().ok()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let hwm = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
     Some(ProcUsage {
         cpu_s: (utime + stime) / clock_ticks(),
-        peak_rss_kib: hwm,
+        peak_rss_kib: status_kib(&status, "VmHWM:").unwrap_or(0),
     })
+}
+
+/// One process's resident memory, CPU, threads and descriptors at one instant (what
+/// `headroom-bench streams` samples over time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProcSnapshot {
+    /// User + system CPU seconds since the process started.
+    pub cpu_s: f64,
+    /// `VmRSS` now (KiB).
+    pub rss_kib: u64,
+    /// `VmHWM`: peak RSS so far (KiB).
+    pub hwm_kib: u64,
+    pub threads: u64,
+    /// Entries of `/proc/PID/fd` (0 when not readable).
+    pub fds: u64,
+}
+
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A [`ProcSnapshot`] of `pid`; None when the process is gone or `/proc` is absent.
+pub fn snapshot(pid: u32) -> Option<ProcSnapshot> {
+    let f = stat_fields(pid)?;
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
+    Some(ProcSnapshot {
+        cpu_s: (utime + stime) / clock_ticks(),
+        rss_kib: status_kib(&status, "VmRSS:").unwrap_or(0),
+        hwm_kib: status_kib(&status, "VmHWM:").unwrap_or(0),
+        threads: status_kib(&status, "Threads:").unwrap_or(0),
+        fds,
+    })
+}
+
+/// The soft open-files limit (`Max open files` of `/proc/PID/limits`); None when
+/// unreadable, `u64::MAX` when unlimited.
+pub fn open_files_limit(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let soft = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?;
+    if soft == "unlimited" {
+        Some(u64::MAX)
+    } else {
+        soft.parse().ok()
+    }
 }
 
 /// `pid` and its direct children.
@@ -109,5 +158,9 @@ mod tests {
         assert!(b.cpu_since(&a) > 0.05, "cpu grew by {}", b.cpu_since(&a));
         assert!(usage_of(u32::MAX).is_none());
         assert!(tree_of(me).contains(&me));
+        let s = snapshot(me).expect("own /proc entry");
+        assert!(s.rss_kib > 0 && s.hwm_kib >= s.rss_kib && s.threads >= 1 && s.fds >= 3);
+        assert!(open_files_limit(me).is_some_and(|n| n > 0));
+        assert!(snapshot(u32::MAX).is_none());
     }
 }
