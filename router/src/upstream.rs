@@ -25,6 +25,40 @@ pub fn client(connect_timeout: Duration) -> HttpClient {
         .build(conn)
 }
 
+/// The retry label of an upstream attempt that failed because this process or host
+/// ran out of descriptors or local ports: the replica was never reached, so the
+/// failure says nothing about its health (it must not count toward ejection).
+pub const LOCAL_EXHAUSTED: &str = "local_exhausted";
+
+/// Whether `e`, or an error it wraps, is this host running out of descriptors
+/// (EMFILE, ENFILE) or ephemeral ports (EADDRNOTAVAIL) rather than the peer failing.
+pub fn local_exhaustion(e: &(dyn std::error::Error + 'static)) -> bool {
+    // EMFILE and ENFILE are 24 and 23 on Linux, the BSDs and macOS.
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && (matches!(io.raw_os_error(), Some(EMFILE | ENFILE))
+                || io.kind() == std::io::ErrorKind::AddrNotAvailable)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// The retry label of a request that got no response: `connect`, or
+/// [`LOCAL_EXHAUSTED`] when the cause is on this side.
+pub fn connect_failure(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    if local_exhaustion(e) {
+        LOCAL_EXHAUSTED
+    } else {
+        "connect"
+    }
+}
+
 /// Why a small upstream GET failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -32,6 +66,9 @@ pub enum FetchError {
     Timeout,
     #[error("connection failed: {0}")]
     Connect(String),
+    /// This node is out of descriptors or local ports: no verdict on the upstream.
+    #[error("no local descriptor or port: {0}")]
+    LocalExhausted(String),
     #[error("body exceeded {0} bytes or failed: {1}")]
     Body(usize, String),
     #[error("bad request: {0}")]
@@ -51,10 +88,13 @@ pub async fn get(
         .body(Full::new(Bytes::new()))
         .map_err(|e| FetchError::Request(e.to_string()))?;
     let fut = async {
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|e| FetchError::Connect(e.to_string()))?;
+        let resp = client.request(req).await.map_err(|e| {
+            if local_exhaustion(&e) {
+                FetchError::LocalExhausted(e.to_string())
+            } else {
+                FetchError::Connect(e.to_string())
+            }
+        })?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), max_bytes)
             .collect()
@@ -77,4 +117,51 @@ pub fn join(base: &Uri, path_and_query: &str) -> Result<Uri, String> {
             .map_err(|e| format!("bad path {path_and_query}: {e}"))?,
     );
     Uri::from_parts(parts).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A legacy client whose connector fails with `err()` before any socket exists.
+    async fn fail_with(err: fn() -> std::io::Error) -> hyper_util::client::legacy::Error {
+        // `ready`: the client wants an `Unpin` connect future.
+        let connector = tower::service_fn(move |_: Uri| {
+            std::future::ready(Err::<hyper_util::rt::TokioIo<tokio::net::TcpStream>, _>(
+                err(),
+            ))
+        });
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+        let req = Request::get("http://127.0.0.1:9/health")
+            .body(Full::new(Bytes::new()))
+            .expect("valid request");
+        client.request(req).await.expect_err("the connector fails")
+    }
+
+    #[tokio::test]
+    async fn running_out_of_descriptors_is_told_apart_from_a_failing_replica() {
+        // EMFILE, ENFILE and EADDRNOTAVAIL come through the client's error chain.
+        let local: [fn() -> std::io::Error; 3] = [
+            || std::io::Error::from_raw_os_error(24),
+            || std::io::Error::from_raw_os_error(23),
+            || std::io::ErrorKind::AddrNotAvailable.into(),
+        ];
+        for (i, err) in local.into_iter().enumerate() {
+            let e = fail_with(err).await;
+            assert_eq!(connect_failure(&e), LOCAL_EXHAUSTED, "case {i}: {e:?}");
+        }
+        let refused = fail_with(|| std::io::ErrorKind::ConnectionRefused.into()).await;
+        assert_eq!(connect_failure(&refused), "connect");
+        // A real refused connect through the router's own client: the replica's fault.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let base: Uri = format!("http://127.0.0.1:{port}").parse().expect("uri");
+        let c = client(Duration::from_secs(1));
+        match get(&c, &base, "/health", Duration::from_secs(2), 64).await {
+            Err(FetchError::Connect(_)) => {}
+            other => panic!("expected a connect failure, got {other:?}"),
+        }
+    }
 }

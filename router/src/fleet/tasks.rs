@@ -118,12 +118,13 @@ async fn probe_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToken
     let period = Duration::from_millis(cfg.probe_interval_ms);
     let timeout = Duration::from_millis(cfg.probe_timeout_ms);
     loop {
-        let ok = matches!(
-            upstream::get(&fleet.client, &r.base, "/health", timeout, 4096).await,
-            Ok((s, _)) if s.is_success()
-        );
+        let got = upstream::get(&fleet.client, &r.base, "/health", timeout, 4096).await;
+        let ok = matches!(got, Ok((s, _)) if s.is_success());
         let now = clock::now_ms();
-        if ok {
+        if let Err(upstream::FetchError::LocalExhausted(e)) = &got {
+            // Out of descriptors here: the probe never reached the replica.
+            tracing::debug!(replica = %r.name, "health probe not sent: {e}");
+        } else if ok {
             if r.health.on_success(Signal::Probe, now, cfg) {
                 tracing::info!(replica = %r.name, "replica re-admitted");
             }

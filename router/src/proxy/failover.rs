@@ -508,7 +508,7 @@ pub async fn resume(
         .await;
         let why = match sent {
             Err(_) => "first_byte_timeout",
-            Ok(Err(_)) => "connect",
+            Ok(Err(e)) => crate::upstream::connect_failure(&e),
             Ok(Ok(mut resp)) if resp.status().is_success() => {
                 match super::first_frame(&mut resp, &node).await {
                     Ok(first) => {

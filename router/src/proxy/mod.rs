@@ -300,6 +300,9 @@ pub(crate) fn attempt_failed(node: &Node, r: &Replica, why: &str) {
         .inc();
     if why == "429" {
         r.health.on_backpressure(clock::now_ms());
+    } else if why == upstream::LOCAL_EXHAUSTED {
+        // This node ran out of descriptors or ports and never reached the replica:
+        // ejecting healthy replicas would turn a local overload into an outage.
     } else if r
         .health
         .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
@@ -321,6 +324,16 @@ pub(crate) fn all_failed(
     crate::decisions::note_end(node, record, format!("every attempt failed ({reason})"));
     if let (Some(resp), Some(t)) = (last_error, last) {
         return Ok(passthrough(resp, &t.replica));
+    }
+    if reason == upstream::LOCAL_EXHAUSTED {
+        // The node is overloaded, not the replicas: 503 so the client retries (here
+        // once descriptors free up, or at another node).
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            "This router node is out of descriptors or local ports; retry shortly.",
+        )
+        .with_retry_after(1));
     }
     let mut e = ApiError::upstream(format!("every replica tried failed ({reason})"));
     e.replica = last.map(|t| t.replica.name.clone());
@@ -376,7 +389,7 @@ pub(crate) async fn send(
             Err(_) => Err(AttemptError::Retry("first_byte_timeout", None)),
             Ok(Err(e)) => {
                 tracing::debug!(replica = %r.name, "upstream request failed: {e}");
-                Err(AttemptError::Retry("connect", None))
+                Err(AttemptError::Retry(upstream::connect_failure(&e), None))
             }
             Ok(Ok(mut resp)) => {
                 let status = resp.status();
@@ -567,4 +580,44 @@ fn respond(
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ReplicaConfig, RouterConfig};
+
+    #[tokio::test]
+    async fn running_out_of_descriptors_never_ejects_a_replica_and_answers_503() {
+        let mut cfg = RouterConfig::default();
+        // No probe during the test: only the request streak counts.
+        cfg.health.probe_interval_ms = 600_000;
+        cfg.replicas.push(ReplicaConfig {
+            url: "http://127.0.0.1:9".into(),
+            ..Default::default()
+        });
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let node = Node::start(cfg, cancel.clone()).expect("node");
+        let r = node.fleet.replicas()[0].clone();
+        let eject_after = node.cfg.health.eject_after_failures;
+        for _ in 0..3 * eject_after {
+            attempt_failed(&node, &r, upstream::LOCAL_EXHAUSTED);
+        }
+        assert_eq!(r.health.total_ejections(), 0, "held against the replica");
+        for _ in 0..eject_after {
+            attempt_failed(&node, &r, "connect");
+        }
+        assert_eq!(
+            r.health.total_ejections(),
+            1,
+            "a real connect failure still counts"
+        );
+        let e = all_failed(&node, None, upstream::LOCAL_EXHAUSTED, None, None)
+            .expect_err("no response to pass through");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after, Some(1));
+        let e = all_failed(&node, None, "connect", None, None).expect_err("no response");
+        assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        cancel.cancel();
+    }
 }

@@ -171,7 +171,7 @@ async fn prefill(
                 .client
                 .request(req)
                 .await
-                .map_err(|_| "connect")?;
+                .map_err(|e| crate::upstream::connect_failure(&e))?;
             let status = resp.status();
             let (parts, body) = resp.into_parts();
             let bytes = Limited::new(body, MAX_PREFILL_RESPONSE_BYTES)
@@ -379,7 +379,7 @@ pub async fn forward(
                 last_reason = reason;
                 last_error = e;
                 // Never reached: the KV still waits on P for the next decode replica.
-                if reason == "connect" {
+                if reason == "connect" || reason == crate::upstream::LOCAL_EXHAUSTED {
                     held = Some((pi, params));
                 }
             }
