@@ -63,8 +63,9 @@ fn three_hundred_slow_streams_complete_through_one_router() {
                 "{name}: process {pid} still exists"
             );
         }
+        // A bound, not a speed claim: each protocol's run takes ≈ 3 s here.
         assert!(
-            t.elapsed() < Duration::from_secs(25),
+            t.elapsed() < Duration::from_secs(60),
             "{name}: {:?}",
             t.elapsed()
         );
