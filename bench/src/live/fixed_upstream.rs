@@ -28,8 +28,12 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request body read.
-const MAX_BODY: usize = 1 << 20;
+/// Largest request body read (also the slow upstream's).
+pub(crate) const MAX_BODY: usize = 1 << 20;
+
+/// What a body that cannot be read is answered with, in vLLM's error shape.
+pub(crate) const UNREADABLE_BODY: &[u8] =
+    br#"{"error":{"message":"unreadable body","type":"BadRequestError","param":null,"code":400}}"#;
 
 /// What the upstream answers.
 #[derive(Clone, Debug)]
@@ -39,8 +43,8 @@ pub struct FixedBodies {
     pub metrics: Bytes,
 }
 
-/// Filler words of the fixed stream (one per token event).
-const WORDS: [&str; 8] = [
+/// Filler words of the fixed and slow streams (one per token event).
+pub(crate) const WORDS: [&str; 8] = [
     " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog",
 ];
 
@@ -118,37 +122,59 @@ async fn handle(
             match Limited::new(req.into_body(), MAX_BODY).collect().await {
                 Ok(_) => {
                     let mut r = reply(StatusCode::OK, "text/event-stream", bodies.stream.clone());
-                    r.headers_mut()
-                        .insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
+                    r.headers_mut().insert(
+                        header::CACHE_CONTROL,
+                        http::HeaderValue::from_static("no-cache"),
+                    );
                     r
                 }
                 Err(_) => reply(
                     StatusCode::BAD_REQUEST,
                     "application/json",
-                    Bytes::from_static(br#"{"error":{"message":"unreadable body","type":"BadRequestError","param":null,"code":400}}"#),
+                    Bytes::from_static(UNREADABLE_BODY),
                 ),
             }
         }
-        (Method::GET, "/v1/models") => {
-            reply(StatusCode::OK, "application/json", bodies.models.clone())
+        (m, p) => {
+            let (status, ctype, body) = side_route(&m, p, &bodies.models, &bodies.metrics);
+            reply(status, ctype, body)
         }
-        (Method::GET, "/health") => reply(StatusCode::OK, "text/plain", Bytes::new()),
-        (Method::GET, "/metrics") => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            bodies.metrics.clone(),
-        ),
-        _ => reply(
+    })
+}
+
+/// Everything but the completion routes, as an idle vLLM answers it: its model list,
+/// `/health`, its `/metrics`, else 404. Shared with the slow upstream.
+pub(crate) fn side_route(
+    method: &Method,
+    path: &str,
+    models: &Bytes,
+    metrics: &Bytes,
+) -> (StatusCode, &'static str, Bytes) {
+    match (method, path) {
+        (&Method::GET, "/v1/models") => (StatusCode::OK, "application/json", models.clone()),
+        (&Method::GET, "/health") => (StatusCode::OK, "text/plain", Bytes::new()),
+        (&Method::GET, "/metrics") => {
+            (StatusCode::OK, "text/plain; version=0.0.4", metrics.clone())
+        }
+        _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
             Bytes::from_static(b"not found"),
         ),
-    })
+    }
 }
 
-/// Serves `bodies` on `listener` until `cancel`.
-pub async fn serve_fixed(listener: TcpListener, bodies: FixedBodies, cancel: CancellationToken) {
-    let bodies = std::sync::Arc::new(bodies);
+/// Accepts connections on `listener` until `cancel`, running `serve` on each (its
+/// HTTP/1.1 connection) in a task that is aborted and joined at the end. An accept
+/// error (out of descriptors) backs off 20 ms rather than spinning.
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    cancel: CancellationToken,
+    mut serve: F,
+) where
+    F: FnMut(tokio::net::TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut conns = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -159,13 +185,25 @@ pub async fn serve_fixed(listener: TcpListener, bodies: FixedBodies, cancel: Can
         let (tcp, _) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                tracing::debug!("accept failed: {e}");
+                // The proxy in front sees a refused or slow connect and reports it.
+                tracing::warn!("upstream accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 continue;
             }
         };
         let _ = tcp.set_nodelay(true);
+        conns.spawn(serve(tcp));
+    }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+}
+
+/// Serves `bodies` on `listener` until `cancel`.
+pub async fn serve_fixed(listener: TcpListener, bodies: FixedBodies, cancel: CancellationToken) {
+    let bodies = std::sync::Arc::new(bodies);
+    accept_loop(listener, cancel, |tcp| {
         let b = bodies.clone();
-        conns.spawn(async move {
+        async move {
             let svc = service_fn(move |req| {
                 let b = b.clone();
                 async move { handle(req, &b).await }
@@ -174,10 +212,9 @@ pub async fn serve_fixed(listener: TcpListener, bodies: FixedBodies, cancel: Can
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(tcp), svc)
                 .await;
-        });
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
+        }
+    })
+    .await;
 }
 
 /// A fixed upstream on its own OS thread (a one-thread tokio runtime), so it neither

@@ -35,15 +35,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::fixed_upstream::FixedBodies;
-
-/// Largest request body read.
-const MAX_BODY: usize = 1 << 20;
-
-/// Filler words of the stream (one per token event), as the fixed upstream's.
-const WORDS: [&str; 8] = [
-    " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog",
-];
+use super::fixed_upstream::{
+    FixedBodies, MAX_BODY, UNREADABLE_BODY, WORDS, accept_loop, side_route,
+};
 
 /// What every stream sends, built once.
 #[derive(Debug)]
@@ -215,11 +209,8 @@ async fn handle(req: Request<Incoming>, chunks: Arc<SlowChunks>) -> Result<Reply
                     // format differently get plain chunks and the final usage.
                     let per_chunk = contains(&b, b"\"continuous_usage_stats\":true");
                     let final_usage = per_chunk || contains(&b, b"\"include_usage\":true");
-                    let mut r = Response::new(Either::Right(SlowBody::new(
-                        chunks,
-                        per_chunk,
-                        final_usage,
-                    )));
+                    let mut r =
+                        Response::new(Either::Right(SlowBody::new(chunks, per_chunk, final_usage)));
                     let h = r.headers_mut();
                     h.insert(
                         header::CONTENT_TYPE,
@@ -234,58 +225,30 @@ async fn handle(req: Request<Incoming>, chunks: Arc<SlowChunks>) -> Result<Reply
                 Err(_) => reply(
                     StatusCode::BAD_REQUEST,
                     "application/json",
-                    Bytes::from_static(br#"{"error":{"message":"unreadable body","type":"BadRequestError","param":null,"code":400}}"#),
+                    Bytes::from_static(UNREADABLE_BODY),
                 ),
             }
         }
-        (Method::GET, "/v1/models") => {
-            reply(StatusCode::OK, "application/json", chunks.models.clone())
+        (m, p) => {
+            let (status, ctype, body) = side_route(&m, p, &chunks.models, &chunks.metrics);
+            reply(status, ctype, body)
         }
-        (Method::GET, "/health") => reply(StatusCode::OK, "text/plain", Bytes::new()),
-        (Method::GET, "/metrics") => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            chunks.metrics.clone(),
-        ),
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            Bytes::from_static(b"not found"),
-        ),
     })
 }
 
 /// Serves slow streams on `listener` until `cancel`.
 pub async fn serve_slow(listener: TcpListener, chunks: Arc<SlowChunks>, cancel: CancellationToken) {
-    let mut conns = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            _ = cancel.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        while conns.try_join_next().is_some() {}
-        let (tcp, _) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of descriptors: back off rather than spin; the proxy in front
-                // sees a refused or slow connect and reports it.
-                tracing::warn!("slow upstream accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
+    accept_loop(listener, cancel, |tcp| {
         let c = chunks.clone();
-        conns.spawn(async move {
+        async move {
             let svc = service_fn(move |req| handle(req, c.clone()));
             let _ = http1::Builder::new()
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(tcp), svc)
                 .await;
-        });
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
+        }
+    })
+    .await;
 }
 
 /// The `headroom-bench slow-upstream` process: binds `addrs`, prints
