@@ -80,8 +80,9 @@ pub async fn wait_whole(ctx: &mut Ctx<'_>, label: &str, from: f64, bound: f64) {
             s.live_members().is_some_and(|m| m.len() == idv.len())
                 && idv.iter().enumerate().all(|(j, id)| {
                     j == s.node
-                        || s.member(id)
-                            .is_some_and(|m| m.inflight_replicas.is_some_and(|n| n > 0))
+                        // Heard from again since the cut forgot it: an idle peer's
+                        // report lists no busy replica (the outbox sends only those).
+                        || s.member(id).is_some_and(|m| m.inflight_replicas.is_some())
                 })
         })
         .await;
