@@ -22,9 +22,14 @@
 # engines' own preemption and token counters over each system's replay to
 # OUT/engine_counters.md.
 #
-# Every system routes to the same servers in turn; the servers are started once and
-# their prefix caches reset before each system (vLLM's dev endpoint), so none inherits
-# another's cached prompts.
+# Every system routes to the same servers in turn; the servers are started once, and
+# before each system the script waits until neither has a request running or waiting
+# (so none inherits another's backlog), times three direct requests to each (the
+# "probe ms before" column of engine_counters.md: a machine that slowed down shows
+# there) and resets their prefix caches (vLLM's dev endpoint), so none inherits
+# another's cached prompts. At a load near the pair's knee the order matters (a replay
+# can tip the pair into a backlog that never drains); compare systems over several
+# seeds with the order rotated.
 # Everything started here is stopped on exit, also on failure or Ctrl-C.
 set -euo pipefail
 
@@ -61,7 +66,7 @@ mapfile -t URLS < "$RUN/servers.txt"
 log "servers: ${URLS[*]}"
 mkdir -p "$OUT"
 rm -f "$OUT"/run-*.json "$OUT"/live-*.json
-printf '| system | server | preemptions | prompt tokens computed | generated tokens |\n|---|---|---:|---:|---:|\n' \
+printf '| system | server | preemptions | prompt tokens computed | generated tokens | probe ms before |\n|---|---|---:|---:|---:|---:|\n' \
     > "$OUT/engine_counters.md"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -88,10 +93,50 @@ engine_counters() {
     done
 }
 
+# Wait until no server has a request running or waiting: a replay that ended in a
+# backlog (or a router stopped with streams open) must not hand its queue to the next
+# system. Logs how long that took and what was left.
+wait_idle() { # LABEL
+    local t0=$SECONDS busy u left n
+    for _ in $(seq 1 600); do
+        busy=0; left=""
+        for u in "${URLS[@]}"; do
+            n="$(curl -sf "$u/metrics" | awk '
+                { name = $1; sub(/\{.*/, "", name) }
+                name == "vllm:num_requests_running" || name == "vllm:num_requests_waiting" { v += $NF }
+                END { printf "%d", v }')" || n=0
+            busy=$((busy + n)); left="$left $n"
+        done
+        if (( busy == 0 )); then
+            log "$1: servers idle after $((SECONDS - t0)) s"
+            return 0
+        fi
+        sleep 0.5
+    done
+    log "WARNING $1: servers still busy after 300 s (running+waiting:$left)"
+}
+
+# Each server's speed just before a system runs, so a replay on a machine that slowed
+# down can be told from a router that did worse: the median of three direct requests
+# (a 300-word prompt not seen before, 32 output tokens, not streamed), in ms.
+probe_ms() {
+    local u i t
+    for u in "${URLS[@]}"; do
+        for i in 1 2 3; do
+            curl -sf -o /dev/null -w '%{time_total}\n' "$u/v1/completions" -H 'content-type: application/json' \
+                -d "{\"model\":\"tiny-llama\",\"prompt\":\"probe $RANDOM $i $(printf 'word%.0s ' $(seq 1 300))\",\"max_tokens\":32,\"min_tokens\":32,\"ignore_eos\":true}" \
+                || echo nan
+        done | sort -g | sed -n 2p | awk '{ printf "%.0f ", $1 * 1000 }'
+    done
+}
+
 # One system: start its router (command in "$@"), replay the workload through it, stop it.
 measure() { # LABEL PORT CMD...
     local label="$1" port="$2"; shift 2
-    local before after i
+    local before after i probe
+    wait_idle "$label"
+    probe="$(probe_ms)"
+    log "$label: probe (ms per server): $probe"
     log "$label: resetting the servers' prefix caches"
     for u in "${URLS[@]}"; do curl -sf -X POST "$u/reset_prefix_cache" >/dev/null || die "reset_prefix_cache on $u"; done
     log "$label: starting"
@@ -114,8 +159,9 @@ measure() { # LABEL PORT CMD...
     for i in "${!URLS[@]}"; do
         read -r -a b <<< "${before[$i]}"; read -r -a a <<< "${after[$i]}"
         if [[ "${b[0]}" =~ ^[0-9]+$ && "${a[0]}" =~ ^[0-9]+$ ]]; then
-            printf '| %s | %s | %d | %d | %d |\n' "$label" "${URLS[$i]}" \
-                $((a[0] - b[0])) $((a[1] - b[1])) $((a[2] - b[2])) >> "$OUT/engine_counters.md"
+            read -r -a pr <<< "$probe"
+            printf '| %s | %s | %d | %d | %d | %s |\n' "$label" "${URLS[$i]}" \
+                $((a[0] - b[0])) $((a[1] - b[1])) $((a[2] - b[2])) "${pr[$i]:-?}" >> "$OUT/engine_counters.md"
         fi
     done
     kill -TERM "$ROUTER_PID" 2>/dev/null || true
