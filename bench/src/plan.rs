@@ -79,6 +79,7 @@ fn plan_class(wl: &Workload, ask: &PlanAsk, class: &str) -> Result<ClassAnswer, 
                 profile: class.to_string(),
                 count: n,
                 region: None,
+                role: headroom_core::view::Role::Both,
             }],
             ..ask.base.clone()
         };

@@ -127,9 +127,20 @@ struct SimArgs {
     /// Workload: a JSONL/CSV trace, or a generator spec (`poisson:…`, `incident:…`).
     #[arg(long)]
     workload: String,
-    /// Fleet: `profile:count,…` (default: 6×h100, 6×a100, 4×l4 Llama-3-8B).
+    /// Fleet: `profile:count:role@region,…` (role `prefill`, `decode` or `both`, the
+    /// default; default fleet: 6×h100, 6×a100, 4×l4 Llama-3-8B).
     #[arg(long, default_value = headroom_bench::sim::config::DEFAULT_FLEET)]
     fleet: String,
+    /// Disaggregation (a fleet with prefill replicas): prompts with fewer uncached
+    /// tokens run unified (`[pd] min_prompt_tokens`; 0 = every request it can).
+    #[arg(long, default_value_t = headroom_core::pd::PdConfig::default().min_prompt_tokens)]
+    pd_min_prompt_tokens: u32,
+    /// The true P→D link: bandwidth (GB/s) and latency (ms) of each KV transfer. The
+    /// router starts from `[pd]`'s defaults and learns the links.
+    #[arg(long, default_value_t = headroom_core::pd::PdConfig::default().link_gbytes_per_s)]
+    link_gbytes_per_s: f64,
+    #[arg(long, default_value_t = headroom_core::pd::PdConfig::default().link_latency_ms)]
+    link_latency_ms: f64,
     /// Router nodes.
     #[arg(long, default_value_t = 1)]
     routers: u32,
@@ -233,6 +244,9 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     };
     let wl = wl.with_slo(&rule);
     let fleet = parse_fleet(&a.fleet).map_err(anyhow::Error::msg)?;
+    let fleet_disaggregated = fleet
+        .iter()
+        .any(|g| g.role == headroom_core::view::Role::Prefill);
     let mut engine_files = Vec::new();
     for spec in &a.engine_profiles {
         let (class, path) = spec
@@ -310,7 +324,23 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
             d.region
         );
     }
+    anyhow::ensure!(
+        a.link_gbytes_per_s.is_finite() && a.link_gbytes_per_s > 0.0,
+        "--link-gbytes-per-s {} must be > 0",
+        a.link_gbytes_per_s
+    );
+    anyhow::ensure!(
+        a.link_latency_ms.is_finite() && (0.0..=10_000.0).contains(&a.link_latency_ms),
+        "--link-latency-ms {} not in [0, 10000]",
+        a.link_latency_ms
+    );
     let base = SimConfig {
+        pd: headroom_core::pd::PdConfig {
+            min_prompt_tokens: a.pd_min_prompt_tokens,
+            ..Default::default()
+        },
+        link_gbytes_per_s: a.link_gbytes_per_s,
+        link_latency_ms: a.link_latency_ms,
         admission: headroom_core::admission::GateConfig {
             per_replica: a.admission_per_replica,
             max_wait_s: a.admission_max_wait_ms as f64 / 1e3,
@@ -406,6 +436,16 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
     settings.insert("workload".into(), a.workload.clone());
     settings.insert("requests".into(), wl.requests.len().to_string());
     settings.insert("fleet".into(), a.fleet.clone());
+    if fleet_disaggregated {
+        settings.insert(
+            "pd_min_prompt_tokens".into(),
+            a.pd_min_prompt_tokens.to_string(),
+        );
+        settings.insert(
+            "link".into(),
+            format!("{} GB/s, {} ms", a.link_gbytes_per_s, a.link_latency_ms),
+        );
+    }
     settings.insert("routers".into(), a.routers.to_string());
     settings.insert("mesh".into(), a.mesh.to_string());
     settings.insert("pin_tenants".into(), a.pin_tenants.to_string());

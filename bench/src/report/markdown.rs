@@ -84,6 +84,26 @@ pub(crate) fn render(report: &Report, plots: &[String]) -> String {
         );
     }
 
+    if report
+        .policies
+        .iter()
+        .any(|p| p.summary.disaggregated_share > 0.0)
+    {
+        let _ = writeln!(
+            md,
+            "\nPrefill/decode: share of served requests disaggregated.\n"
+        );
+        let _ = writeln!(md, "| policy | disaggregated |\n|---|---|");
+        for p in &report.policies {
+            let _ = writeln!(
+                md,
+                "| {} | {} |",
+                esc(&p.name),
+                pct(p.summary.disaggregated_share)
+            );
+        }
+    }
+
     let _ = writeln!(md, "\n## Forecast quality\n");
     let _ = writeln!(
         md,

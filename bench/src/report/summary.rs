@@ -84,6 +84,10 @@ pub struct RunSummary {
     /// Requests where the policy fell back (nothing fitted).
     pub fallback_share: f64,
     pub cache_hit_share: f64,
+    /// Served requests that ran disaggregated (prefill on one replica, decode on
+    /// another); 0 on a unified fleet.
+    #[serde(default)]
+    pub disaggregated_share: f64,
 }
 
 fn share(n: usize, d: usize) -> f64 {
@@ -185,6 +189,13 @@ impl RunSummary {
             } else {
                 cached as f64 / input as f64
             },
+            disaggregated_share: share(
+                served
+                    .iter()
+                    .filter(|r| r.prefill_replica.is_some())
+                    .count(),
+                served.len(),
+            ),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! What a simulation runs: the fleet, the router nodes and how they share state, the
 //! policy, and the clocks of scraping, gossip and learning.
 
-use headroom_core::policy::Fallback;
+use headroom_core::{pd::PdConfig, policy::Fallback, view::Role};
 use headroom_predictor::PredictorConfig;
 
 /// One group of identical replicas.
@@ -11,6 +11,8 @@ pub struct FleetGroup {
     pub count: u32,
     /// The region its replicas are in (`profile:count@region`); `None`: [`LOCAL_REGION`].
     pub region: Option<String>,
+    /// Prefill, decode or both (`profile:count:role`; default both).
+    pub role: Role,
 }
 
 /// The region of replicas and nodes when the fleet names none.
@@ -20,8 +22,8 @@ pub const LOCAL_REGION: &str = "local";
 /// 6 H100-class, 6 A100-class and 4 L4-class Llama-3-8B replicas.
 pub const DEFAULT_FLEET: &str = "h100-llama3-8b:6,a100-llama3-8b:6,l4-llama3-8b:4";
 
-/// Parses `profile:count@region,profile:count` (a bare profile means one replica; no
-/// `@region` means [`LOCAL_REGION`]).
+/// Parses `profile:count:role@region,profile:count` (a bare profile means one replica;
+/// no `:role` means `both`, no `@region` [`LOCAL_REGION`]).
 pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
     let mut out = Vec::new();
     for entry in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -36,15 +38,23 @@ pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
             }
             None => (entry, None),
         };
-        let (profile, count) = match part.split_once(':') {
-            Some((p, c)) => (
-                p.trim(),
-                c.trim()
-                    .parse::<u32>()
-                    .map_err(|_| format!("fleet entry `{part}`: count is not a number"))?,
-            ),
-            None => (part, 1),
+        let mut fields = part.split(':').map(str::trim);
+        let profile = fields.next().unwrap_or_default();
+        let count = match fields.next() {
+            Some(c) => c
+                .parse::<u32>()
+                .map_err(|_| format!("fleet entry `{part}`: count is not a number"))?,
+            None => 1,
         };
+        let role = match fields.next() {
+            Some(r) => r
+                .parse::<Role>()
+                .map_err(|e| format!("fleet entry `{part}`: {e}"))?,
+            None => Role::Both,
+        };
+        if fields.next().is_some() {
+            return Err(format!("fleet entry `{part}`: expected profile:count:role"));
+        }
         if count == 0 {
             return Err(format!("fleet entry `{part}`: count must be > 0"));
         }
@@ -53,6 +63,7 @@ pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
             profile: profile.to_string(),
             count,
             region,
+            role,
         });
     }
     if out.is_empty() {
@@ -166,6 +177,13 @@ pub struct SimConfig {
     pub regions: headroom_core::region::RegionsConfig,
     /// Regions going dark for a while.
     pub dark: Vec<Dark>,
+    /// Prefill/decode disaggregation as the router is configured (`[pd]`): when a
+    /// request is disaggregated, and the link model it starts from.
+    pub pd: PdConfig,
+    /// The true P→D links the engines' KV moves over (the router learns them): GB/s
+    /// and ms per transfer, `t = latency + tokens × pd.kv_bytes_per_token / bandwidth`.
+    pub link_gbytes_per_s: f64,
+    pub link_latency_ms: f64,
     /// Precise prefix state: each decision knows every engine's exact cached tokens
     /// for the prompt (what a `precise` KV-event feed gives the router, without the
     /// events' delivery delay); off = the router's approximate prefix index alone.
@@ -209,6 +227,9 @@ impl Default for SimConfig {
             precise_prefix: false,
             regions: Default::default(),
             dark: Vec::new(),
+            pd: PdConfig::default(),
+            link_gbytes_per_s: PdConfig::default().link_gbytes_per_s,
+            link_latency_ms: PdConfig::default().link_latency_ms,
         }
     }
 }
@@ -237,6 +258,25 @@ impl SimConfig {
             .collect()
     }
 
+    /// Each replica's role, in fleet order.
+    pub fn replica_roles(&self) -> Vec<Role> {
+        self.fleet
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g.role, g.count as usize))
+            .collect()
+    }
+
+    /// Whether any replica only prefills: the fleet is disaggregated.
+    pub fn disaggregated(&self) -> bool {
+        self.fleet.iter().any(|g| g.role == Role::Prefill)
+    }
+
+    /// Seconds the true link takes to move `tokens` tokens' KV.
+    pub fn transfer_s(&self, tokens: u32) -> f64 {
+        self.link_latency_ms / 1e3
+            + f64::from(tokens) * self.pd.kv_bytes_per_token / (self.link_gbytes_per_s * 1e9)
+    }
+
     /// Router node `n`'s region.
     pub fn node_region(&self, n: u32) -> String {
         let names = self.region_names();
@@ -263,6 +303,16 @@ mod tests {
         assert_eq!(f[0].region.as_deref(), Some("eu-1"));
         assert_eq!(f[1].region.as_deref(), Some("us-1"));
         assert!(super::parse_fleet("h100-llama3-8b:2@").is_err());
+        let f =
+            super::parse_fleet("h100-llama3-8b:2:prefill,h100-llama3-8b:3:decode@eu-1").unwrap();
+        assert_eq!((f[0].role, f[0].count), (super::Role::Prefill, 2));
+        assert_eq!(
+            (f[1].role, f[1].region.as_deref()),
+            (super::Role::Decode, Some("eu-1"))
+        );
+        assert_eq!(f[0].region, None);
+        assert!(super::parse_fleet("h100-llama3-8b:2:fast").is_err());
+        assert!(super::parse_fleet("h100-llama3-8b:2:both:x").is_err());
         assert!(super::parse_fleet("h100-llama3-8b:2@a@b").is_err());
     }
 

@@ -29,11 +29,18 @@ pub struct SimNode {
     pub rng: ChaCha8Rng,
     /// Labels learned since the last published snapshot.
     pub dirty: bool,
+    /// The P→D links' transfer times, as this node has measured them.
+    pub links: headroom_core::pd::Links,
 }
 
 /// A router-side view of simulated replica `i`, as configuration would describe it:
 /// routable from the start (simulated replicas never fail health checks).
-pub fn replica_view(i: usize, profile: &crate::engine::Profile, model: &str) -> PlainReplica {
+pub fn replica_view(
+    i: usize,
+    profile: &crate::engine::Profile,
+    model: &str,
+    role: headroom_core::view::Role,
+) -> PlainReplica {
     let name = format!("r{i}-{}", profile.name);
     let mut r = PlainReplica::new(
         i as u32,
@@ -43,6 +50,7 @@ pub fn replica_view(i: usize, profile: &crate::engine::Profile, model: &str) -> 
         Some(profile.max_model_len),
     );
     r.max_batched_tokens = Some(profile.max_num_batched_tokens);
+    r.role = role;
     r
 }
 

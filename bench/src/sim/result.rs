@@ -36,6 +36,9 @@ pub struct RequestRecord {
     /// Why the policy fell back, if it did.
     pub fallback: Option<String>,
     pub rejected: bool,
+    /// The prefill replica of a disaggregated request (`replica` is its decode side).
+    #[serde(default)]
+    pub prefill_replica: Option<u32>,
 }
 
 impl RequestRecord {

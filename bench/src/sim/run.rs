@@ -20,6 +20,7 @@ use headroom_core::{
     decide::{self, Learn, RouteInputs, RoutedTarget},
     ledger::{Booking, Load},
     lifecycle::{self, Admission, Admit, DeferLimits, Finished, Reported},
+    pd::{self, PdAdmit, PdInputs, PdPlan},
     policy::{
         self, ExactCached, PolicyName, PolicySettings, RequestProfile, Slo,
         candidates::CandidateParams, features,
@@ -28,7 +29,7 @@ use headroom_core::{
     scraped::{EngineKind, Scraped},
     view::PeerLoad,
 };
-use headroom_predictor::{Learner, SharedPredictor};
+use headroom_predictor::{Learner, ModelState, Prediction, ReplicaKey, SharedPredictor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -50,6 +51,10 @@ use crate::{
 /// Largest number of router prefix blocks hashed per request.
 const MAX_ROUTER_BLOCKS: usize = 8192;
 
+/// Engine request ids of prefill stages: request `i`'s is `i | PREFILL_STAGE`, so its
+/// chunks are told from the decode stage's (`i`) on their way back.
+const PREFILL_STAGE: u64 = 1 << 62;
+
 #[derive(Clone, Copy, Debug)]
 enum Ev {
     Arrival(u32),
@@ -67,6 +72,8 @@ enum Ev {
     Slowdown(u32),
     /// `cfg.dark[i]` begins (true) or ends (false).
     Dark(u32, bool),
+    /// Request `i`'s KV has reached its decode replica: the decode engine starts it.
+    DecodeStart(u32),
 }
 
 struct SimReplica {
@@ -91,6 +98,35 @@ struct Live {
     fallback: Option<&'static str>,
     /// Its admission slot, released when it finishes.
     permit: Option<Permit>,
+    /// When the router placed it (its first stage's dispatch).
+    placed_s: f64,
+    /// The forecast reported for it (the pair's, end to end, when disaggregated).
+    reported: Prediction,
+    /// A decode stage learns no TTFT (its first token includes the prefill and the
+    /// transfer, which P's model and the link learn).
+    ttft_learned: bool,
+    /// Disaggregated: the prefill replica, and the link to learn at the first token
+    /// (P's key, D's key, tokens moved, D's first-step forecast in s).
+    prefill_replica: Option<u32>,
+    link: Option<(ReplicaKey, ReplicaKey, u32, f64)>,
+}
+
+/// A disaggregated request while its prefill stage runs.
+struct Prefilling {
+    node: u32,
+    plan: PdPlan,
+    profile: RequestProfile,
+    booking: Booking,
+    dispatched_s: f64,
+    engine_hashes: Vec<u64>,
+    max_tokens: u32,
+    permit: Option<Permit>,
+}
+
+/// A decode stage waiting for its KV to arrive.
+struct DecodeWait {
+    replica: u32,
+    req: EngineRequest,
 }
 
 /// Per-request data computed once at arrival.
@@ -145,6 +181,8 @@ pub struct Simulator<'w> {
     nodes: Vec<SimNode>,
     prepared: Vec<Option<Prepared>>,
     live: Vec<Option<Live>>,
+    prefilling: Vec<Option<Prefilling>>,
+    decode_wait: Vec<Option<DecodeWait>>,
     records: Vec<RequestRecord>,
     load: Vec<LoadSample>,
     decision_ns: Vec<u32>,
@@ -243,6 +281,7 @@ impl<'w> Simulator<'w> {
             });
         }
         let replica_regions = cfg.replica_regions();
+        let roles = cfg.replica_roles();
         let mut nodes = Vec::new();
         for n in 0..cfg.routers.max(1) {
             let region = cfg.node_region(n);
@@ -254,7 +293,8 @@ impl<'w> Simulator<'w> {
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    let mut v = replica_view(i, p, &cfg.model);
+                    let role = roles.get(i).copied().unwrap_or_default();
+                    let mut v = replica_view(i, p, &cfg.model, role);
                     v.remote_rtt_ms = cfg
                         .regions
                         .remote_rtt_ms(&region, replica_regions.get(i).map(String::as_str));
@@ -275,6 +315,7 @@ impl<'w> Simulator<'w> {
                 gate: headroom_core::admission::Gate::new(cfg.admission),
                 rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ (0x5EED_0000 + n as u64)),
                 dirty: false,
+                links: pd::Links::new(cfg.pd.link_model()),
             });
         }
         let n_req = wl.requests.len();
@@ -289,6 +330,8 @@ impl<'w> Simulator<'w> {
             nodes,
             prepared: (0..n_req).map(|_| None).collect(),
             live: (0..n_req).map(|_| None).collect(),
+            prefilling: (0..n_req).map(|_| None).collect(),
+            decode_wait: (0..n_req).map(|_| None).collect(),
             records: Vec::with_capacity(n_req),
             load: Vec::new(),
             decision_ns: Vec::with_capacity(n_req),
@@ -343,6 +386,7 @@ impl<'w> Simulator<'w> {
                 Ev::Federate => self.federate(t),
                 Ev::LoadSample => self.sample_load(t),
                 Ev::Dark(i, dark) => self.set_dark(i as usize, dark),
+                Ev::DecodeStart(i) => self.decode_start(i as usize, t),
                 Ev::Slowdown(i) => {
                     let s = &self.cfg.slowdowns[i as usize];
                     if let Some(r) = self.replicas.get_mut(s.replica as usize) {
@@ -377,6 +421,7 @@ impl<'w> Simulator<'w> {
     fn done(&self) -> bool {
         self.arrivals_left == 0
             && self.live.iter().all(Option::is_none)
+            && self.prefilling.iter().all(Option::is_none)
             && self.records.len() >= self.wl.requests.len()
     }
 
@@ -566,6 +611,35 @@ impl<'w> Simulator<'w> {
             },
             max_targets: 1,
         };
+        // A fleet with prefill replicas: the (P, D) pair first, as the proxy asks
+        // (`proxy::pd::choose`); no plan means the request runs unified.
+        if self.cfg.disaggregated() {
+            let started = Instant::now();
+            let pd_inputs = PdInputs {
+                cfg: &self.cfg.pd,
+                slo: &self.cfg.slo,
+                links: &node.links,
+            };
+            let planned = pd::plan(&inputs, &pd_inputs, &prep.profile, t, &mut node.rng);
+            let ns = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+            match planned {
+                Ok(Some(plan)) => {
+                    self.decision_ns.push(ns);
+                    match pd::admit(&mut prep.admission, plan, &prep.profile, &self.cfg.slo, t) {
+                        PdAdmit::Go(plan) => self.place_pd(i, node_ix, *plan, t),
+                        PdAdmit::Wait(after_s) => self.q.push(t + after_s, Ev::Retry(i as u32)),
+                        PdAdmit::Reject(no) => self.reject(i, node_ix as u32, t, &no.reason),
+                    }
+                    return;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let why = e.to_string();
+                    self.reject(i, node_ix as u32, t, &why);
+                    return;
+                }
+            }
+        }
         let routed = match decide::route(&inputs, &prep.profile, t, &mut node.rng) {
             Ok(r) => r,
             Err(e) => {
@@ -698,10 +772,169 @@ impl<'w> Simulator<'w> {
             first_s: None,
             last_s: t,
             tokens: 0,
+            reported: target.learn.prediction,
             learn: target.learn,
             fallback,
             permit,
+            placed_s: t,
+            ttft_learned: false,
+            prefill_replica: None,
+            link: None,
         });
+        if !rep.stepping {
+            self.start_step(r, t);
+        }
+    }
+
+    /// Starts a disaggregated request: its prefill stage on the plan's P (one output
+    /// token, as `proxy::pd` sends it), booked there until P answers.
+    fn place_pd(&mut self, i: usize, node_ix: usize, plan: PdPlan, t: f64) {
+        let Some(mut prep) = self.prepared[i].take() else {
+            return;
+        };
+        let Some(p) = plan.prefill.first().cloned() else {
+            self.reject(i, node_ix as u32, t, "no prefill target");
+            return;
+        };
+        let node = &self.nodes[node_ix];
+        let pre = pd::prefill_profile(&prep.profile);
+        let booking = lifecycle::book(&node.views[p.index], &pre, &p, t);
+        let w = &self.wl.requests[i];
+        let req = EngineRequest {
+            id: i as u64 | PREFILL_STAGE,
+            prompt_tokens: w.input_tokens,
+            block_hashes: prep.engine_hashes.clone(),
+            max_output_tokens: 1,
+            eos_after: Some(1),
+        };
+        let rep = &mut self.replicas[p.index];
+        if let Err(e) = rep.engine.submit_at(req, t) {
+            drop(booking);
+            self.reject(i, node_ix as u32, t, &e.to_string());
+            return;
+        }
+        rep.inflight += 1;
+        let stepping = rep.stepping;
+        self.prefilling[i] = Some(Prefilling {
+            node: node_ix as u32,
+            plan,
+            profile: prep.profile,
+            booking,
+            dispatched_s: t,
+            engine_hashes: prep.engine_hashes,
+            max_tokens: prep.max_tokens,
+            permit: prep.permit.take(),
+        });
+        if !stepping {
+            self.start_step(p.index, t);
+        }
+    }
+
+    /// P answered request `i`'s prefill at `t`: P's model learns its TTFT, the index
+    /// that P holds the prompt; the decode request goes to D, which pulls the KV over
+    /// the link (the blocks it did not hold) and then decodes.
+    fn prefill_done(&mut self, i: usize, t: f64) {
+        let Some(pf) = self.prefilling[i].take() else {
+            return;
+        };
+        let (Some(p), Some(d)) = (pf.plan.prefill.first(), pf.plan.decode.first()) else {
+            return;
+        };
+        self.replicas[p.index].inflight -= 1;
+        let node = &mut self.nodes[pf.node as usize];
+        let mut booking = pf.booking;
+        booking.first_token(t);
+        booking.complete();
+        let ttft_ms = (t - pf.dispatched_s) * 1e3 + p.learn.rtt_ms;
+        if let Some(s) = lifecycle::first_token_sample(&p.learn, t, ttft_ms, Reported::default()) {
+            node.learner.observe(&s);
+            node.dirty = true;
+        }
+        let pre = pd::prefill_profile(&pf.profile);
+        lifecycle::remember_prefix(
+            &node.prefix,
+            &node.views[p.index],
+            &pre,
+            p,
+            self.cfg.block_tokens,
+        );
+        // D's ledger has the request from now: the router sent it.
+        let booking = lifecycle::book(&node.views[d.index], &pf.profile, d, t);
+        // D will hold the whole prompt once the transfer lands.
+        let whole = RoutedTarget {
+            cached_tokens: 0,
+            ..d.clone()
+        };
+        lifecycle::remember_prefix(
+            &node.prefix,
+            &node.views[d.index],
+            &pf.profile,
+            &whole,
+            self.cfg.block_tokens,
+        );
+        let w = &self.wl.requests[i];
+        let bs = self.profiles[d.index].block_size.max(1);
+        let n = pf.engine_hashes.len().min((w.input_tokens / bs) as usize);
+        let pulled = self.replicas[d.index]
+            .engine
+            .import_blocks(&pf.engine_hashes[..n]);
+        let arrive_s = t + self.cfg.transfer_s(pulled.saturating_mul(bs));
+        let d_pred = d.learn.prediction;
+        let step_s = if d_pred.tpot_state == ModelState::Warm {
+            d_pred.tpot_ms / 1e3
+        } else {
+            0.0
+        };
+        self.replicas[d.index].inflight += 1;
+        self.live[i] = Some(Live {
+            node: pf.node,
+            replica: d.index as u32,
+            booking,
+            dispatched_s: t,
+            first_s: None,
+            last_s: t,
+            tokens: 0,
+            learn: d.learn,
+            fallback: pf.plan.fallback,
+            permit: pf.permit,
+            placed_s: pf.dispatched_s,
+            reported: pf.plan.prediction,
+            ttft_learned: true,
+            prefill_replica: Some(p.index as u32),
+            link: Some((p.learn.key, d.learn.key, pf.plan.transfer_tokens, step_s)),
+        });
+        self.decode_wait[i] = Some(DecodeWait {
+            replica: d.index as u32,
+            req: EngineRequest {
+                id: i as u64,
+                prompt_tokens: w.input_tokens,
+                block_hashes: pf.engine_hashes,
+                max_output_tokens: pf.max_tokens,
+                eos_after: Some(w.output_tokens.max(1)),
+            },
+        });
+        self.q.push(arrive_s, Ev::DecodeStart(i as u32));
+    }
+
+    /// Request `i`'s KV landed on its decode replica: the engine takes it.
+    fn decode_start(&mut self, i: usize, t: f64) {
+        let Some(dw) = self.decode_wait[i].take() else {
+            return;
+        };
+        let r = dw.replica as usize;
+        let rep = &mut self.replicas[r];
+        if let Err(e) = rep.engine.submit_at(dw.req, t) {
+            if let Some(l) = self.live[i].take() {
+                self.replicas[r].inflight -= 1;
+                l.booking.complete();
+                if let Some(p) = l.permit {
+                    p.release(t);
+                }
+                let why = e.to_string();
+                self.reject(i, l.node, t, &why);
+            }
+            return;
+        }
         if !rep.stepping {
             self.start_step(r, t);
         }
@@ -756,10 +989,31 @@ impl<'w> Simulator<'w> {
     /// One chunk reaches the router at `t`: what a live router measures TTFT, TPOT and
     /// its ledger's progress from.
     fn deliver(&mut self, c: Chunk, t: f64) {
+        if c.id & PREFILL_STAGE != 0 {
+            // The prefill stage's one token: P answered.
+            if c.finish.is_some() {
+                self.prefill_done((c.id & !PREFILL_STAGE) as usize, t);
+            }
+            return;
+        }
         if let Some(l) = self.live[c.id as usize].as_mut() {
+            if c.first
+                && let Some((p_key, d_key, tokens, step_s)) = l.link.take()
+            {
+                // The link learns D's first byte less D's first step, as the proxy does.
+                let node = &mut self.nodes[l.node as usize];
+                node.links.observe(
+                    p_key,
+                    d_key,
+                    tokens,
+                    ((t - l.dispatched_s) - step_s).max(0.0),
+                );
+            }
             if c.first {
                 l.first_s = Some(t);
                 l.booking.first_token(t);
+            }
+            if c.first && !l.ttft_learned {
                 // As the proxy does: the TTFT label is learned at the first token, not
                 // when the stream ends (a long output would delay it by seconds). A
                 // remote replica's first token reaches the node one round trip later.
@@ -801,8 +1055,9 @@ impl<'w> Simulator<'w> {
         let finished = Finished {
             ok: true,
             ttft_ms: ttft_dispatch,
-            // Learned at the first token already (see `deliver`).
-            ttft_learned: l.first_s.is_some(),
+            // Learned at the first token already (see `deliver`), or not this
+            // stage's to learn (a decode stage).
+            ttft_learned: l.first_s.is_some() || l.ttft_learned,
             upstream_ms: (t - l.dispatched_s + rtt_s) * 1e3,
             tpot_ms: tpot.map(|x| x * 1e3),
             output_tokens,
@@ -818,8 +1073,8 @@ impl<'w> Simulator<'w> {
         }
         // `ttft_s` counts from arrival: the forecast it is scored against adds the time
         // the request already waited at the router (held or deferred), known at dispatch.
-        let p = l.learn.prediction;
-        let waited_ms = (l.dispatched_s - arrival).max(0.0) * 1e3;
+        let p = l.reported;
+        let waited_ms = (l.placed_s - arrival).max(0.0) * 1e3;
         self.records.push(RequestRecord {
             id: w.id,
             tenant: w.tenant.clone(),
@@ -841,6 +1096,7 @@ impl<'w> Simulator<'w> {
             predicted_tpot_upper_ms: Some(p.tpot_upper_ms),
             fallback: l.fallback.map(str::to_string),
             rejected: false,
+            prefill_replica: l.prefill_replica,
         });
     }
 
@@ -878,7 +1134,9 @@ impl<'w> Simulator<'w> {
 
     /// No more work will ever arrive or run: periodic ticks stop rescheduling.
     fn quiet(&self) -> bool {
-        self.arrivals_left == 0 && self.live.iter().all(Option::is_none)
+        self.arrivals_left == 0
+            && self.live.iter().all(Option::is_none)
+            && self.prefilling.iter().all(Option::is_none)
     }
 
     fn gossip_send(&mut self, t: f64) {
