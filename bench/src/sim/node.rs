@@ -33,7 +33,7 @@ pub struct SimNode {
 
 /// A router-side view of simulated replica `i`, as configuration would describe it:
 /// routable from the start (simulated replicas never fail health checks).
-pub fn replica_view(i: usize, profile: &crate::engine::Profile, model: &str) -> PlainReplica {
+pub fn replica_view(i: usize, profile: &headroom_engine::Profile, model: &str) -> PlainReplica {
     let name = format!("r{i}-{}", profile.name);
     let mut r = PlainReplica::new(
         i as u32,
