@@ -1,9 +1,9 @@
-//! Engine model, replica emulator, fleet simulator and workloads.
+//! Fleet simulator, workloads, live runner, proxy bench, capacity planner and reports.
+//! The engine model is `headroom-engine` (`bench/engine/`), the replica emulator
+//! `headroom-replica` (`bench/replica/`); this crate depends on them, never the reverse.
 
-pub mod engine;
 pub mod live;
 pub mod plan;
-pub mod replica;
 pub mod report;
 pub mod sim;
 pub mod workload;

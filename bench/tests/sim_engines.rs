@@ -3,11 +3,11 @@
 //! than their profile's (profile files, `engine_mismatch`), deterministically.
 
 use headroom_bench::{
-    engine::ProfileFile,
     report::RunSummary,
     sim::{SimConfig, parse_fleet, result::RunResult, simulate},
     workload::Workload,
 };
+use headroom_engine::ProfileFile;
 
 const FLEET: &str = "h100-llama3-8b:2,a100-llama3-8b:2";
 

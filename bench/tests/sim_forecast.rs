@@ -13,11 +13,11 @@
 //! unless a test pins them off and says why.
 
 use headroom_bench::{
-    engine::{DEFAULT_STEP_NOISE, ProfileFile},
     report::{RunSummary, summary::ForecastQuality},
     sim::{SimConfig, parse_fleet, result::RequestRecord, simulate},
     workload::{SloRule, Workload},
 };
+use headroom_engine::{DEFAULT_STEP_NOISE, ProfileFile};
 
 const FLEET: &str = "h100-llama3-8b:2,l4-llama3-8b:2";
 /// The first quarter of arrivals is the predictor's warm-up.

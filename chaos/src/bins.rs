@@ -39,7 +39,7 @@ fn profile_flag() -> &'static str {
 /// The command that builds what the scenarios need.
 pub fn build_command() -> String {
     format!(
-        "cargo build{} -p headroom -p headroom-bench --bin headroom --bin headroom-replica",
+        "cargo build{} -p headroom -p headroom-replica --bin headroom --bin headroom-replica",
         profile_flag()
     )
 }

@@ -75,7 +75,7 @@ def main(argv):
     for build, variant in [("overlays/demo", "ca-secret"), ("overlays/demo + cert-manager-csi", "csi")]:
         name = f"demo overlay, {variant} certificates: mesh forms and routes"
         if not (headroom and replica):
-            r.skip(name, "headroom / headroom-replica not built (cargo build -p headroom -p headroom-bench --bins)")
+            r.skip(name, "headroom / headroom-replica not built (cargo build -p headroom -p headroom-replica --bins)")
             continue
         try:
             objs = builds.get(build) or kube.build(deploy, build)

@@ -62,7 +62,7 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
         .find(|p| p.is_file())
         .with_context(|| {
             format!(
-                "`{name}` not found next to {}; build it with `cargo build --release -p headroom-bench`",
+                "`{name}` not found next to {}; build it with `cargo build --release -p headroom-replica`",
                 me.display()
             )
         })

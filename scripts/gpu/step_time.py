@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times a random-weight Llama-3-8B-shaped model's engine steps on one GPU with plain
 PyTorch (BF16, SDPA attention, CUDA graphs for the decode shapes as vLLM uses them), to
-check the engine model's step-time form (bench/src/engine/profile.rs, `StepCost`):
+check the engine model's step-time form (bench/engine/src/profile.rs, `StepCost`):
 
     T = T0 + T_lin(N) + Σ attention,  T_lin(N) = W + t_tok·max(0, N − N0),
     decode attention α·(k + 1) per request, prefill attention β·(c·k + c²/2)

@@ -7,7 +7,7 @@
 #   default OUT: bench/results/load-tools/vllm (or .../emulator)
 #   --emulator   two `headroom-replica` emulators instead of vLLM (no vLLM needed)
 # Env: HEADROOM_BIN (router binary; default: `cargo build -p headroom`, dev profile),
-#      HEADROOM_REPLICA_BIN (emulator; default: `cargo build -p headroom-bench`),
+#      HEADROOM_REPLICA_BIN (emulator; default: `cargo build -p headroom-replica`),
 #      HEADROOM_LOAD_REQUESTS (per tool, default 20), HEADROOM_LOAD_RATE (req/s, 2),
 #      HEADROOM_LOAD_INPUT / HEADROOM_LOAD_OUTPUT (tokens, 256 / 32), HEADROOM_CACHE,
 #      HEADROOM_LOAD_EXPECT=N: fail unless every tool's N requests succeeded (CI),
@@ -80,7 +80,7 @@ URLS=()
 if [[ $EMU == 1 ]]; then
     REP="${HEADROOM_REPLICA_BIN:-}"
     if [[ -z "$REP" ]]; then
-        (cd "$ROOT" && cargo build -q -p headroom-bench --bin headroom-replica) || die "build failed"
+        (cd "$ROOT" && cargo build -q -p headroom-replica --bin headroom-replica) || die "build failed"
         REP="$TARGET/debug/headroom-replica"
     fi
     for i in 0 1; do

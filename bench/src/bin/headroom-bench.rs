@@ -5,11 +5,11 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Mutex};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use headroom_bench::{
-    engine::ProfileFile,
     report::{CapacitySearch, PolicyReport, Report, write_report},
     sim::{ALL_POLICIES, SimConfig, parse_fleet, simulate},
     workload::{SloRule, Workload},
 };
+use headroom_engine::ProfileFile;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -94,7 +94,7 @@ fn plan(a: PlanArgs) -> anyhow::Result<()> {
         a.workload
     );
     for c in &a.classes {
-        headroom_bench::engine::Profile::by_name(c)?;
+        headroom_engine::Profile::by_name(c)?;
     }
     let ask = headroom_bench::plan::PlanAsk {
         classes: a.classes.clone(),
@@ -177,7 +177,7 @@ struct SimArgs {
     scrape_ms: f64,
     /// Lognormal step-time noise of the engines (log-sd of a mean-1 factor per step;
     /// 0 turns it off for exactness checks). Default: measured bound, see CALIBRATION.md.
-    #[arg(long, default_value_t = headroom_bench::engine::DEFAULT_STEP_NOISE)]
+    #[arg(long, default_value_t = headroom_engine::DEFAULT_STEP_NOISE)]
     step_noise: f64,
     /// Mismatched engines: scale every replica's step-time constants by 1 ± this
     /// (sign per constant and replica, from the seed) away from what its profile says.

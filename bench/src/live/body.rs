@@ -11,9 +11,9 @@
 //! simulator does — so a router, which reads `max_tokens`, does not learn the true
 //! length from the request.
 
+use headroom_engine::tokens_for_hash_ids;
 use serde::Serialize;
 
-use crate::engine::tokens_for_hash_ids;
 use crate::workload::Request;
 
 /// Top bit set: synthetic ids never collide with a trace's (small) hash ids.

@@ -97,7 +97,7 @@ pub struct LiveArgs {
     #[arg(long, default_value_t = 1.0)]
     pub load_sample_s: f64,
     /// Emulator step-time noise (lognormal log-sd; 0 = off).
-    #[arg(long, default_value_t = crate::engine::DEFAULT_STEP_NOISE)]
+    #[arg(long, default_value_t = headroom_engine::DEFAULT_STEP_NOISE)]
     pub step_noise: f64,
     /// Extra argument for every `headroom serve` (repeatable).
     #[arg(long = "serve-arg", allow_hyphen_values = true)]

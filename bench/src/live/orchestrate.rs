@@ -15,13 +15,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use headroom_engine::Profile;
 use serde::{Deserialize, Serialize};
 
 use super::LiveError;
 use super::procs::{ChildProc, find_binary, start_on_free_port, stop_all, wait_ready};
 use super::replay::{ReplayOptions, replay};
 use super::usage::{ProcUsage, tree_of, usage_of_all};
-use crate::engine::Profile;
 use crate::sim::config::FleetGroup;
 use crate::sim::result::{ReplicaInfo, RunResult};
 use crate::workload::Workload;

@@ -261,7 +261,7 @@ pub fn find_binary(name: &str, dir: Option<&Path>) -> Result<PathBuf, LiveError>
     }
     places.into_iter().find(|p| p.is_file()).ok_or_else(|| {
         LiveError::MissingBinary(format!(
-            "`{name}` not found{}; build it with `cargo build --release -p headroom -p headroom-bench`",
+            "`{name}` not found{}; build it with `cargo build --release -p headroom -p headroom-replica -p headroom-bench`",
             dir.map(|d| format!(" in {}", d.display())).unwrap_or_default()
         ))
     })

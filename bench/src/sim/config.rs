@@ -58,7 +58,7 @@ pub fn parse_fleet(spec: &str) -> Result<Vec<FleetGroup>, String> {
         if count == 0 {
             return Err(format!("fleet entry `{part}`: count must be > 0"));
         }
-        crate::engine::Profile::by_name(profile).map_err(|e| e.to_string())?;
+        headroom_engine::Profile::by_name(profile).map_err(|e| e.to_string())?;
         out.push(FleetGroup {
             profile: profile.to_string(),
             count,
@@ -154,7 +154,7 @@ pub struct SimConfig {
     pub max_tokens_factor: f64,
     pub max_tokens_min: u32,
     /// Lognormal step-time noise of the engines (0 = none; default
-    /// [`crate::engine::DEFAULT_STEP_NOISE`]). A class's profile file may set its own.
+    /// [`headroom_engine::DEFAULT_STEP_NOISE`]). A class's profile file may set its own.
     pub step_noise: f64,
     /// Mismatched engines: every replica's step-time constants are scaled by `1 ± this`
     /// (sign per constant and replica, drawn from the seed) away from its profile's,
@@ -162,7 +162,7 @@ pub struct SimConfig {
     pub engine_mismatch: f64,
     /// Per-class engine profile files (class name, overrides): the true engines of that
     /// class run these constants; the router still sees the class name.
-    pub engine_files: Vec<(String, crate::engine::ProfileFile)>,
+    pub engine_files: Vec<(String, headroom_engine::ProfileFile)>,
     pub slowdowns: Vec<Slowdown>,
     pub seed: u64,
     /// Arrival rate multiplier.
@@ -216,7 +216,7 @@ impl Default for SimConfig {
             fallback: Fallback::LeastBad,
             max_tokens_factor: 2.0,
             max_tokens_min: 256,
-            step_noise: crate::engine::DEFAULT_STEP_NOISE,
+            step_noise: headroom_engine::DEFAULT_STEP_NOISE,
             engine_mismatch: 0.0,
             engine_files: Vec::new(),
             slowdowns: Vec::new(),

@@ -37,7 +37,7 @@ pub struct SimNode {
 /// routable from the start (simulated replicas never fail health checks).
 pub fn replica_view(
     i: usize,
-    profile: &crate::engine::Profile,
+    profile: &headroom_engine::Profile,
     model: &str,
     role: headroom_core::view::Role,
 ) -> PlainReplica {

@@ -4,7 +4,7 @@
 //! the TTFT and TPOT the request would get. It then picks the fastest placement that
 //! meets both objectives (or the least-bad one). Nothing a real router can see.
 
-use crate::engine::{Engine, EngineRequest, Event};
+use headroom_engine::{Engine, EngineRequest, Event};
 
 /// Decode tokens measured after the first to estimate TPOT.
 const TPOT_TOKENS: u32 = 16;
@@ -77,7 +77,7 @@ pub fn choose(forecasts: &[Option<(f64, f64)>], slo_ttft_s: f64, slo_tpot_s: f64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Profile;
+    use headroom_engine::Profile;
 
     #[test]
     fn idle_fast_replica_beats_busy_one() {

@@ -29,6 +29,10 @@ use headroom_core::{
     scraped::{EngineKind, Scraped},
     view::PeerLoad,
 };
+use headroom_engine::{
+    Chunk, Engine, EngineRequest, Frontend, Profile, block_hashes_for_hash_ids, hashing::mix64,
+    tokens_for_hash_ids,
+};
 use headroom_predictor::{Learner, ModelState, Prediction, ReplicaKey, SharedPredictor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -40,13 +44,7 @@ use super::{
     queue::EventQueue,
     result::{LoadSample, ReplicaInfo, RequestRecord, RunResult},
 };
-use crate::{
-    engine::{
-        Chunk, Engine, EngineRequest, Frontend, Profile, block_hashes_for_hash_ids, hashing::mix64,
-        tokens_for_hash_ids,
-    },
-    workload::Workload,
-};
+use crate::workload::Workload;
 
 /// Largest number of router prefix blocks hashed per request.
 const MAX_ROUTER_BLOCKS: usize = 8192;
@@ -235,7 +233,7 @@ impl<'w> Simulator<'w> {
         // `truth` what each engine really runs (profile files, mismatch).
         let mut profiles = Vec::new();
         let mut truth = Vec::new();
-        let fleet_err = |e: crate::engine::EngineError| SimError::Fleet(e.to_string());
+        let fleet_err = |e: headroom_engine::EngineError| SimError::Fleet(e.to_string());
         for g in &cfg.fleet {
             let p = Profile::by_name(&g.profile).map_err(fleet_err)?;
             let file = cfg.engine_files.iter().find(|(c, _)| *c == g.profile);

@@ -19,49 +19,75 @@ impl Drop for Guard {
     }
 }
 
-pub fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_headroom-replica"))
+/// Where cargo put `headroom-bench`, and so `headroom` and `headroom-replica` too.
+fn target_bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_headroom-bench"))
         .parent()
         .expect("binary dir")
         .to_path_buf()
 }
 
+/// The directory holding the `headroom` and `headroom-replica` binaries, both built.
+pub fn bin_dir() -> PathBuf {
+    built_binaries();
+    target_bin_dir()
+}
+
 /// The `headroom` router binary next to ours, built once if missing or stale
 /// (`cargo test --workspace` builds it anyway; `cargo test -p headroom-bench` not).
 pub fn router_bin() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = bin_dir();
-            let target_dir = dir.parent().expect("target dir").to_path_buf();
-            let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args([
-                "build",
-                "-q",
-                "-p",
-                "headroom",
-                "--bin",
-                "headroom",
-                "--target-dir",
-            ])
-            .arg(&target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile == "release" {
-                cmd.arg("--release");
-            }
-            let status = cmd.status().expect("run cargo build for the router");
-            assert!(status.success(), "building the headroom binary failed");
-            let bin = dir.join("headroom");
+    built_binaries().0.clone()
+}
+
+/// The `headroom-replica` emulator binary (package `headroom-replica`), built as
+/// [`router_bin`] is: another package's binary has no `CARGO_BIN_EXE_` here.
+pub fn replica_bin() -> PathBuf {
+    built_binaries().1.clone()
+}
+
+/// Builds `headroom` and `headroom-replica` once per test process, into this test's
+/// target dir and profile.
+fn built_binaries() -> &'static (PathBuf, PathBuf) {
+    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = target_bin_dir();
+        let target_dir = dir.parent().expect("target dir").to_path_buf();
+        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "headroom",
+            "-p",
+            "headroom-replica",
+            "--bin",
+            "headroom",
+            "--bin",
+            "headroom-replica",
+            "--target-dir",
+        ])
+        .arg(&target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile == "release" {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build for the binaries");
+        assert!(
+            status.success(),
+            "building the headroom and headroom-replica binaries failed"
+        );
+        let bins = (dir.join("headroom"), dir.join("headroom-replica"));
+        for bin in [&bins.0, &bins.1] {
             assert!(bin.is_file(), "{} missing after build", bin.display());
-            bin
-        })
-        .clone()
+        }
+        bins
+    })
 }
 
 pub fn start_replica(profile: &str, extra: &[&str]) -> (Guard, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom-replica"))
+    let mut child = Command::new(replica_bin())
         .args([
             "--listen",
             "127.0.0.1:0",

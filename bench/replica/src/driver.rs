@@ -24,14 +24,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use headroom_engine::Finish;
+use headroom_engine::{Chunk, Engine, EngineRequest, EngineStats, Event, Frontend};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::faults::Faults;
 use super::kv_events::{KvPrompt, KvPublish};
 use super::metrics::ReplicaMetrics;
-pub use crate::engine::Finish;
-use crate::engine::{Chunk, Engine, EngineRequest, EngineStats, Event, Frontend};
 
 /// One message to a request's handler.
 #[derive(Clone, Debug, PartialEq)]

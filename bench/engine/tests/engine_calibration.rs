@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use headroom_bench::engine::{DEFAULT_STEP_NOISE, Engine, EngineRequest, Event, Frontend, Profile};
+use headroom_engine::{DEFAULT_STEP_NOISE, Engine, EngineRequest, Event, Frontend, Profile};
 
 #[derive(serde::Deserialize)]
 struct Measured {
@@ -18,7 +18,7 @@ struct Measured {
 
 fn trace_dir(run: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("traces/llmservingsim-vllm-measured")
+        .join("../traces/llmservingsim-vllm-measured")
         .join(run)
 }
 

@@ -7,12 +7,11 @@
 //! Latency histograms are in wall-clock seconds (model seconds × time scale), as a
 //! client of this emulator observes them.
 
+use headroom_engine::{EngineStats, Profile};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
-
-use crate::engine::{EngineStats, Profile};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -1,3 +1,7 @@
+//! `headroom-engine`: the engine model that both the simulator (`headroom-bench`) and the
+//! emulator (`headroom-replica`) run. Invariants: no async, no threads, no wall clock; the
+//! only I/O is reading a profile file; the same profile, seed and inputs give the same steps.
+//!
 //! A vLLM-v1-like engine model: pure, synchronous, deterministic for a seed, and
 //! cheap enough to replay whole traces on many replicas in one process.
 //!
@@ -6,7 +10,7 @@
 //! driver sleeps `duration_s × time_scale` between steps).
 //!
 //! ```
-//! use headroom_bench::engine::{Engine, EngineRequest, Event, Profile};
+//! use headroom_engine::{Engine, EngineRequest, Event, Profile};
 //! let profile = Profile::by_name("h100-llama3-8b").unwrap();
 //! let mut engine = Engine::new(&profile, 7).unwrap();
 //! engine.submit(EngineRequest::new(1, 1000, vec![], 3)).unwrap();

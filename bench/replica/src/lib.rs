@@ -1,5 +1,9 @@
+//! The `headroom-replica` crate: the emulator library and its binary (`src/main.rs`).
+//! It depends on `headroom-engine` (the model it paces) and never on `headroom-bench`; one
+//! driver task alone owns the engine.
+//!
 //! `headroom-replica`: an HTTP server that behaves like `vllm serve` for one model,
-//! paced by the [`crate::engine`] model in real time.
+//! paced by the [`headroom_engine`] model in real time.
 //!
 //! Layout: one driver task owns the engine ([`driver`]); axum handlers parse and
 //! validate requests ([`request`]), tokenize ([`tokenize`]), submit over a bounded
@@ -31,13 +35,13 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use axum::serve::ListenerExt;
+use headroom_engine::{Engine, EngineError, Frontend, Profile};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, EngineError, Frontend, Profile};
 use driver::Driver;
 use faults::Faults;
 use metrics::ReplicaMetrics;
@@ -60,7 +64,7 @@ pub struct ReplicaConfig {
     /// Seeds output lengths, filler text, fault draws and step noise.
     pub seed: u64,
     /// Lognormal log-sd of step-time noise (0 = off; the binary's default is
-    /// [`crate::engine::DEFAULT_STEP_NOISE`]).
+    /// [`headroom_engine::DEFAULT_STEP_NOISE`]).
     pub step_noise: f64,
     /// Fault knobs at start.
     pub faults: Faults,

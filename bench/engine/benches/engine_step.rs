@@ -1,10 +1,10 @@
 //! Cost of one `Engine::step()` under a loaded batch, so the simulator's budget is
 //! known. Each finished request is replaced at once, so the load stays constant.
 //!
-//! Run: `cargo bench -p headroom-bench --bench engine_step`
+//! Run: `cargo bench -p headroom-engine --bench engine_step`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use headroom_bench::engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids};
+use headroom_engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids};
 
 struct Load {
     engine: Engine,

@@ -16,10 +16,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use headroom_engine::{Engine, KvLog};
 use headroom_kv_events::publisher::Publisher;
 use headroom_kv_events::wire::{BlockRemoved, BlockStored, EventBatch, ExternalHash, KvEvent};
-
-use crate::engine::{Engine, KvLog};
 
 /// What `headroom-replica --kv-events-endpoint` configures.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,7 +77,7 @@ impl KvPublish {
             .map(|o| {
                 prompt
                     .and_then(|t| t.get(start + o).copied())
-                    .unwrap_or_else(|| crate::engine::hashing::token_for_hash_id(hash, o as u32))
+                    .unwrap_or_else(|| headroom_engine::hashing::token_for_hash_id(hash, o as u32))
             })
             .collect()
     }

@@ -53,7 +53,7 @@ pub fn block_hashes_for_tokens_salted(tokens: &[u32], block_size: usize, salt: u
 
 /// SplitMix64 finaliser: a fast, well-mixed bijection on u64.
 #[inline]
-pub(crate) fn mix64(mut z: u64) -> u64 {
+pub fn mix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -7,11 +7,10 @@
 //!   `max_tokens` (finish reason `stop` if EOS comes first, else `length`).
 //! - Text is one filler word per token, a pure function of (request seed, index).
 
+use headroom_engine::hashing::mix64;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::LogNormal;
-
-use crate::engine::hashing::mix64;
 
 /// Median drawn output length (tokens) when EOS is honoured.
 pub const MEDIAN_OUTPUT: f64 = 200.0;

@@ -6,9 +6,9 @@
 
 use anyhow::Context;
 use clap::Parser;
-use headroom_bench::engine::Profile;
-use headroom_bench::replica::faults::Faults;
-use headroom_bench::replica::{ReplicaConfig, serve};
+use headroom_engine::Profile;
+use headroom_replica::faults::Faults;
+use headroom_replica::{ReplicaConfig, serve};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
@@ -135,7 +135,7 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         step_noise: args
             .step_noise
             .or(file_noise)
-            .unwrap_or(headroom_bench::engine::DEFAULT_STEP_NOISE),
+            .unwrap_or(headroom_engine::DEFAULT_STEP_NOISE),
         faults: Faults {
             error_rate: args.error_rate,
             stall: args.stall,
@@ -143,14 +143,14 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
             midstream_error_rate: args.midstream_error_rate,
         },
         kv_events: args.kv_events_endpoint.as_ref().map(|e| {
-            headroom_bench::replica::kv_events::KvEventsOptions {
+            headroom_replica::kv_events::KvEventsOptions {
                 endpoint: e.clone(),
                 replay_endpoint: args.kv_events_replay_endpoint.clone(),
                 topic: args.kv_events_topic.clone(),
                 buffer_steps: args.kv_events_buffer_steps,
             }
         }),
-        pd: headroom_bench::replica::pd::PdEmulation {
+        pd: headroom_replica::pd::PdEmulation {
             role: args.role,
             kv_bytes_per_token: args.kv_bytes_per_token,
             transfer_gbytes_per_s: args.transfer_gbytes_per_s,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use headroom_bench::engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_tokens};
+use headroom_engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_tokens};
 use proptest::prelude::*;
 
 fn small_profile(blocks: u32) -> Profile {

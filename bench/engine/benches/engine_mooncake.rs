@@ -2,13 +2,13 @@
 //! prompt 12k tokens) replayed in virtual time over 32 H100 engines, least-loaded
 //! placement. Prints hashing time, simulation time and steps per second.
 //!
-//! Run: `cargo bench -p headroom-bench --bench engine_mooncake`
+//! Run: `cargo bench -p headroom-engine --bench engine_mooncake`
 //! (trace path: `$MOONCAKE_TRACE`, default `bench/traces/conversation_trace.jsonl`,
 //! the repository's copy).
 
 use std::time::Instant;
 
-use headroom_bench::engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids};
+use headroom_engine::{Engine, EngineRequest, Event, Profile, block_hashes_for_hash_ids};
 
 #[derive(serde::Deserialize)]
 struct Row {
@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
     let path = std::env::var("MOONCAKE_TRACE").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/traces/conversation_trace.jsonl"
+            "/../traces/conversation_trace.jsonl"
         )
         .to_string()
     });

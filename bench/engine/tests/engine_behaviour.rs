@@ -1,7 +1,7 @@
 //! Behaviour of the engine model that routing depends on: prefix hits, batching and
 //! context costs, preemption, chunked prefill, caps, aborts, determinism.
 
-use headroom_bench::engine::{
+use headroom_engine::{
     Engine, EngineRequest, Event, FinishReason, Profile, block_hashes_for_tokens,
 };
 
@@ -358,7 +358,7 @@ fn full_sequence_admission_never_preempts() {
     let mut p = Profile::by_name("a100-llama3-8b").expect("profile");
     p.num_gpu_blocks = 600;
     p.max_model_len = 4096;
-    p.admission = headroom_bench::engine::Admission::FullSequence;
+    p.admission = headroom_engine::Admission::FullSequence;
     let mut e = Engine::new(&p, 3).expect("engine");
     for id in 0..24u64 {
         let (l, h) = prompt(id as u32, 300 + (id as u32 * 37) % 200);

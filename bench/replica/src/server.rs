@@ -10,6 +10,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use headroom_engine::hashing::mix64;
+use headroom_engine::{EngineRequest, block_hashes_for_tokens_salted, salt_for_adapter};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -27,8 +29,6 @@ use super::request::{self, Endpoint};
 use super::response::Meta;
 use super::stream::{AbortGuard, Generation, collect, sse_response};
 use super::tokenize::prompt_token_ids;
-use crate::engine::hashing::mix64;
-use crate::engine::{EngineRequest, block_hashes_for_tokens_salted, salt_for_adapter};
 
 /// Largest request body accepted (a 131k-token prompt is < 1 MiB as JSON).
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
