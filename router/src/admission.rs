@@ -20,7 +20,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use headroom_core::admission::{Ask, Over, Permit, Poll, Refusal};
 
 use crate::{
-    clock, error::ApiError, lifecycle::DeferLimits, node::Node, policy::RequestProfile,
+    clock, error::ApiError, lifecycle::DeferLimits, node::RequestPath, policy::RequestProfile,
     tenant::TenantClass,
 };
 
@@ -42,16 +42,16 @@ fn refused(r: &Refusal) -> ApiError {
 }
 
 /// The deferral limits every wait of a request shares (gate and placement).
-pub fn defer_limits(node: &Node) -> DeferLimits {
+pub fn defer_limits(path: &RequestPath) -> DeferLimits {
     DeferLimits {
-        budget: node.cfg.slo.defer_budget,
-        max_deferred: node.cfg.slo.max_deferred,
-        max_wait_s: node.cfg.admission.max_wait_ms as f64 / 1e3,
+        budget: path.cfg.slo.defer_budget,
+        max_deferred: path.cfg.slo.max_deferred,
+        max_wait_s: path.cfg.admission.max_wait_ms as f64 / 1e3,
     }
 }
 
-fn routable_replicas(node: &Node) -> usize {
-    node.fleet
+fn routable_replicas(path: &RequestPath) -> usize {
+    path.fleet
         .replicas()
         .iter()
         .filter(|r| r.health.routable())
@@ -60,13 +60,13 @@ fn routable_replicas(node: &Node) -> usize {
 
 /// Waits for the tenant's turn; the permit must live as long as the response.
 pub async fn admit(
-    node: &Node,
+    path: &RequestPath,
     tenant: &TenantClass,
     profile: &RequestProfile,
     arrived: Instant,
 ) -> Result<Permit, ApiError> {
     let count = |outcome: &str, reason: &str| {
-        node.metrics
+        path.metrics
             .admission
             .with_label_values(&[&tenant.name, outcome, reason])
             .inc();
@@ -78,10 +78,10 @@ pub async fn admit(
         tokens: profile
             .prompt_tokens
             .saturating_add(profile.expected_output_tokens),
-        deadline_s: defer_limits(node).deadline_s(profile, arrived_s),
-        replicas: routable_replicas(node),
+        deadline_s: defer_limits(path).deadline_s(profile, arrived_s),
+        replicas: routable_replicas(path),
     };
-    let mut ticket = node.gate.arrive(&ask, clock::now_s()).map_err(|r| {
+    let mut ticket = path.gate.arrive(&ask, clock::now_s()).map_err(|r| {
         count("rejected", r.reason);
         refused(&r)
     })?;
@@ -96,7 +96,7 @@ pub async fn admit(
                     count("queued", "wait");
                 }
                 tokio::time::sleep(Duration::from_secs_f64(s)).await;
-                ticket.set_replicas(routable_replicas(node));
+                ticket.set_replicas(routable_replicas(path));
             }
             Poll::Refuse(r) => {
                 count("rejected", r.reason);
@@ -107,9 +107,9 @@ pub async fn admit(
 }
 
 /// Sets the gate's gauges (running and waiting requests per tenant) for a scrape.
-pub fn publish(node: &Node) {
-    for l in node.gate.load() {
-        let m = &node.metrics;
+pub fn publish(path: &RequestPath) {
+    for l in path.gate.load() {
+        let m = &path.metrics;
         m.admission_running
             .with_label_values(&[&l.tenant])
             .set(i64::from(l.running));

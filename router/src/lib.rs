@@ -4,8 +4,10 @@
 //! → `admission` (the tenant's turn at the node's gate: rates, shares, queue)
 //! → the routing core (`headroom-core`, re-exported as `decide`, `lifecycle`,
 //! `policy`, `ledger`, `prefix`; it reads `fleet` replicas through `replica_view`)
-//! → `proxy` (forwarding, retries, streaming, outcomes). Background work lives in
-//! `fleet::tasks`. `up` runs a whole local deployment.
+//! → `proxy` (forwarding, retries, streaming) → `node::Outcomes` (what a finished
+//! request feeds). `node` assembles a node: the `RequestPath` handlers hold and the
+//! outcome sink. Background work lives in `fleet::tasks`. `up` runs a whole local
+//! deployment.
 
 pub mod admission;
 pub mod bpe_cache;

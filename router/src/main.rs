@@ -223,14 +223,12 @@ async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Resul
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let mesh_on = cfg.mesh.listen.is_some();
-    let node = Node::start(cfg, cancel.child_token())?;
-    headroom::edge::reload::spawn_sighup(node.clone(), config_path, cancel.child_token());
-    if mesh_on {
-        let rt = headroom::mesh::MeshRuntime::start(node.clone(), cancel.child_token()).await?;
-        node.fleet.set_share(rt.clone());
-        let _ = node.mesh.set(rt);
-    }
+    let hup = headroom::edge::reload::watch_sighup();
+    let node = Node::start(cfg, cancel.child_token()).await?;
+    let tenants = node.path.tenants.clone();
+    headroom::edge::reload::spawn_sighup(hup, config_path, cancel.child_token(), move |cfg| {
+        tenants.reload_from(cfg)
+    });
     let stop = cancel.clone();
     tokio::spawn(async move {
         let mut term =
@@ -249,21 +247,8 @@ async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Resul
         tracing::info!("shutting down");
         stop.cancel();
     });
-    headroom::server::serve(node.clone(), listener, cancel.clone()).await?;
-    if let Some(rt) = node.mesh.get().cloned() {
-        rt.shutdown().await;
-    }
-    node.fleet.shutdown().await;
-    node.trainer.shutdown();
-    // Sends the spans still queued; blocks on exports that run on this runtime.
-    let n = node.clone();
-    tokio::task::spawn_blocking(move || {
-        if let Some(t) = &n.traces {
-            t.shutdown();
-        }
-    })
-    .await?;
-    Ok(())
+    headroom::server::serve(node.path.clone(), listener, cancel.clone()).await?;
+    node.shutdown().await
 }
 
 #[tokio::main]

@@ -6,7 +6,7 @@ use anyhow::Context;
 use axum::{
     Extension, Json, Router,
     body::Body,
-    extract::{DefaultBodyLimit, State},
+    extract::{DefaultBodyLimit, Path, Query, State, rejection::QueryRejection},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission, clock,
-    decisions::Asked,
+    decisions::{self, Asked},
     edge::{self, listen::Peer},
     error::ApiError,
-    node::Node,
+    node::RequestPath,
     otel::RequestTrace,
     policy::RequestProfile,
     proxy,
@@ -29,8 +29,8 @@ use crate::{
 /// The client application: OpenAI endpoints, health and readiness, plus the admin
 /// endpoints (`/metrics`, `/debug/*`) unless `edge.admin_listen` moves them away.
 /// Unknown paths and methods get OpenAI-shaped errors.
-pub fn app(node: Arc<Node>) -> Router {
-    let admin_here = node.cfg.edge.admin_listen.is_none();
+pub fn app(path: Arc<RequestPath>) -> Router {
+    let admin_here = path.cfg.edge.admin_listen.is_none();
     let mut r = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
@@ -38,30 +38,30 @@ pub fn app(node: Arc<Node>) -> Router {
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready));
     if admin_here {
-        r = r.merge(admin_routes(&node));
+        r = r.merge(admin_routes(&path));
     }
-    finish(r, node)
+    finish(r, path)
 }
 
 /// The admin application (`edge.admin_listen`): health, readiness, metrics, debug.
-pub fn admin_app(node: Arc<Node>) -> Router {
+pub fn admin_app(path: Arc<RequestPath>) -> Router {
     let r = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
-        .merge(admin_routes(&node));
-    finish(r, node)
+        .merge(admin_routes(&path));
+    finish(r, path)
 }
 
-fn admin_routes(node: &Arc<Node>) -> Router<Arc<Node>> {
-    let token: Option<Arc<str>> = node.cfg.edge.admin_token.as_deref().map(Arc::from);
+fn admin_routes(path: &Arc<RequestPath>) -> Router<Arc<RequestPath>> {
+    let token: Option<Arc<str>> = path.cfg.edge.admin_token.as_deref().map(Arc::from);
     Router::new()
         .route("/metrics", get(metrics))
         .route("/debug/replicas", get(debug_replicas))
         .route("/debug/cluster", get(debug_cluster))
         .route("/debug/predictor", get(debug_predictor))
-        .route("/debug/decisions", get(crate::decisions::api::list))
-        .route("/debug/decisions/{id}", get(crate::decisions::api::one))
-        .route("/debug/summary", get(crate::decisions::api::summary))
+        .route("/debug/decisions", get(decisions_list))
+        .route("/debug/decisions/{id}", get(decisions_one))
+        .route("/debug/summary", get(decisions_summary))
         .route("/dashboard", get(crate::dashboard::page))
         .route_layer(axum::middleware::from_fn_with_state(
             token,
@@ -69,7 +69,7 @@ fn admin_routes(node: &Arc<Node>) -> Router<Arc<Node>> {
         ))
 }
 
-fn finish(r: Router<Arc<Node>>, node: Arc<Node>) -> Router {
+fn finish(r: Router<Arc<RequestPath>>, path: Arc<RequestPath>) -> Router {
     r.fallback(|| async {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -86,24 +86,24 @@ fn finish(r: Router<Arc<Node>>, node: Arc<Node>) -> Router {
     })
     // Size is enforced by `read_body` so the error is OpenAI-shaped.
     .layer(DefaultBodyLimit::disable())
-    .with_state(node)
+    .with_state(path)
 }
 
 /// Serves until `cancel` fires, then drains in-flight requests. Opens the admin
 /// listener too when `edge.admin_listen` is set, and speaks TLS on the client listener
 /// when `edge.tls_cert`/`edge.tls_key` are.
 pub async fn serve(
-    node: Arc<Node>,
+    path: Arc<RequestPath>,
     listener: tokio::net::TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    let e = &node.cfg.edge;
+    let e = &path.cfg.edge;
     let tls = match (&e.tls_cert, &e.tls_key) {
         (Some(c), Some(k)) => Some(edge::tls::acceptor(c, k)?),
         _ => None,
     };
-    let edge = edge::listen::Edge::new(e, node.metrics.registry());
+    let edge = edge::listen::Edge::new(e, path.metrics.registry());
     let admin = match e.admin_listen {
         Some(a) => Some(
             tokio::net::TcpListener::bind(a)
@@ -112,23 +112,27 @@ pub async fn serve(
         ),
         None => None,
     };
-    tracing::info!(%addr, tls = tls.is_some(), policy = node.policy.name(), "headroom router listening");
+    tracing::info!(%addr, tls = tls.is_some(), policy = path.policy.name(), "headroom router listening");
     let admin_task = admin.map(|l| {
         if let Ok(a) = l.local_addr() {
             tracing::info!(addr = %a, "admin endpoints listening");
         }
-        let (edge, app, cancel) = (edge.clone(), admin_app(node.clone()), cancel.clone());
+        let (edge, app, cancel) = (edge.clone(), admin_app(path.clone()), cancel.clone());
         tokio::spawn(async move { edge.serve(l, app, None, cancel).await })
     });
-    edge.serve(listener, app(node), tls, cancel).await?;
+    edge.serve(listener, app(path), tls, cancel).await?;
     if let Some(t) = admin_task {
         t.await??;
     }
     Ok(())
 }
 
-async fn read_body(node: &Node, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
-    let limit = node.cfg.proxy.max_body_bytes;
+async fn read_body(
+    path: &RequestPath,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<bytes::Bytes, ApiError> {
+    let limit = path.cfg.proxy.max_body_bytes;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -136,7 +140,7 @@ async fn read_body(node: &Node, headers: &HeaderMap, body: Body) -> Result<bytes
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::too_large(limit));
     }
-    let timeout = node.cfg.edge.body_read_timeout();
+    let timeout = path.cfg.edge.body_read_timeout();
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(_)) => Err(ApiError::too_large(limit)),
@@ -152,7 +156,7 @@ async fn read_body(node: &Node, headers: &HeaderMap, body: Body) -> Result<bytes
 }
 
 async fn handle(
-    node: Arc<Node>,
+    path: Arc<RequestPath>,
     endpoint: Endpoint,
     peer: Option<Peer>,
     headers: HeaderMap,
@@ -162,18 +166,22 @@ async fn handle(
     let mut record = None;
     let record = &mut record;
     // Off: `None`, and every trace hook below is one test.
-    let mut trace = node.traces.as_ref().map(|t| t.request(endpoint, &headers));
+    let mut trace = path
+        .outcomes
+        .traces
+        .as_ref()
+        .map(|t| t.request(endpoint, &headers));
     let trace_ref = &mut trace;
     let result = async {
         // Identity first: an unauthenticated client never gets its body buffered.
-        let tenant = node.tenants.resolve(&headers)?;
-        let bytes = read_body(&node, &headers, body).await?;
-        let parsed = request::parse(endpoint, &bytes, node.cfg.proxy.chunk_usage)?;
-        let (parsed, shape) = node.shape_off_worker(parsed).await?;
+        let tenant = path.tenants.resolve(&headers)?;
+        let bytes = read_body(&path, &headers, body).await?;
+        let parsed = request::parse(endpoint, &bytes, path.cfg.proxy.chunk_usage)?;
+        let (parsed, shape) = path.shape_off_worker(parsed).await?;
         let exact_cached = match &shape.ids {
-            Some(ids) => node
+            Some(ids) => path
                 .kv
-                .exact_cached(&parsed.model, ids, &node.fleet.replicas()),
+                .exact_cached(&parsed.model, ids, &path.fleet.replicas()),
             None => Vec::new(),
         };
         let profile = RequestProfile {
@@ -181,7 +189,7 @@ async fn handle(
             prompt_tokens: shape.tokens,
             blocks: shape.blocks,
             max_tokens: parsed.max_tokens,
-            expected_output_tokens: node.expected_output(&parsed),
+            expected_output_tokens: path.expected_output(&parsed),
             slo: tenant.slo,
             priority: tenant.priority,
             fallback: tenant.fallback,
@@ -194,22 +202,22 @@ async fn handle(
         }
         // The tenant's turn at the gate; the permit lives as long as the response body.
         let span = trace_ref.as_deref().map(RequestTrace::admit);
-        let permit = admission::admit(&node, &tenant, &profile, arrived).await;
+        let permit = admission::admit(&path, &tenant, &profile, arrived).await;
         if let Some(s) = span {
             RequestTrace::admitted(s, permit.as_ref().err().map(|e| e.message.as_str()));
         }
         let permit = permit?;
-        *record = node.decision_records.open(Asked::new(
+        *record = path.records().open(Asked::new(
             &tenant.name,
             &profile,
-            node.request_log.is_some(),
+            path.outcomes.request_log.is_some(),
         ));
         if let Some(t) = trace_ref.as_deref() {
             t.decision_id(*record);
         }
         let failover = tenant.failover;
         let resp = proxy::forward(
-            node.clone(),
+            path.clone(),
             parsed,
             profile,
             upstream,
@@ -227,13 +235,10 @@ async fn handle(
         .err()
         .map(|e| format!("{} {}", e.status.as_u16(), e.message));
     if let Err(e) = &result {
-        crate::decisions::note_end(
-            &node,
-            record,
-            format!("{} {}", e.status.as_u16(), e.message),
-        );
+        path.records()
+            .note_end(record, format!("{} {}", e.status.as_u16(), e.message));
     }
-    let mut resp = respond_to(&node, result).await;
+    let mut resp = respond_to(&path, result).await;
     // Still here: the response is not a routed stream (an error, a replica's answer
     // passed through); the stream's body ends the trace otherwise.
     if let Some(t) = trace {
@@ -248,14 +253,14 @@ async fn handle(
     resp
 }
 
-async fn respond_to(node: &Node, result: Result<Response, ApiError>) -> Response {
+async fn respond_to(path: &RequestPath, result: Result<Response, ApiError>) -> Response {
     match result {
         Ok(resp) if !resp.status().is_success() && !is_json(resp.headers()) => {
             openai_shaped(resp).await
         }
         Ok(resp) => resp,
         Err(e) => {
-            node.metrics
+            path.metrics
                 .requests
                 .with_label_values(&[
                     "-",
@@ -314,29 +319,29 @@ async fn openai_shaped(resp: Response) -> Response {
 }
 
 async fn completions(
-    State(node): State<Arc<Node>>,
+    State(path): State<Arc<RequestPath>>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let peer = peer.map(|Extension(p)| p);
-    handle(node, Endpoint::Completions, peer, headers, body).await
+    handle(path, Endpoint::Completions, peer, headers, body).await
 }
 
 async fn chat(
-    State(node): State<Arc<Node>>,
+    State(path): State<Arc<RequestPath>>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let peer = peer.map(|Extension(p)| p);
-    handle(node, Endpoint::ChatCompletions, peer, headers, body).await
+    handle(path, Endpoint::ChatCompletions, peer, headers, body).await
 }
 
 /// The fleet's models and adapters (union over replicas that answered).
-async fn models(State(node): State<Arc<Node>>) -> Json<Value> {
+async fn models(State(path): State<Arc<RequestPath>>) -> Json<Value> {
     let mut seen = std::collections::BTreeMap::new();
-    for r in node.fleet.replicas().iter() {
+    for r in path.fleet.replicas().iter() {
         for m in &r.models.load().models {
             let e = seen
                 .entry(m.id.clone())
@@ -358,8 +363,8 @@ async fn models(State(node): State<Arc<Node>>) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
-async fn ready(State(node): State<Arc<Node>>) -> Response {
-    let n = node
+async fn ready(State(path): State<Arc<RequestPath>>) -> Response {
+    let n = path
         .fleet
         .replicas()
         .iter()
@@ -376,27 +381,27 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
-async fn metrics(State(node): State<Arc<Node>>) -> Response {
+async fn metrics(State(path): State<Arc<RequestPath>>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
-    admission::publish(&node);
-    node.kv.export(&node.fleet);
-    node.metrics
+    admission::publish(&path);
+    path.kv.export(&path.fleet);
+    path.metrics
         .predictor_learned
-        .set(node.trainer.learned.load(Relaxed) as i64);
-    node.metrics
+        .set(path.outcomes.trainer.learned.load(Relaxed) as i64);
+    path.metrics
         .predictor_dropped
-        .set(node.trainer.dropped.load(Relaxed) as i64);
+        .set(path.outcomes.trainer.dropped.load(Relaxed) as i64);
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        node.metrics.render(),
+        path.metrics.render(),
     )
         .into_response()
 }
 
-async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
+async fn debug_replicas(State(path): State<Arc<RequestPath>>) -> Json<Value> {
     let now = clock::now_s();
     let now_ms = clock::now_ms();
-    let list: Vec<Value> = node
+    let list: Vec<Value> = path
         .fleet
         .replicas()
         .iter()
@@ -425,30 +430,45 @@ async fn debug_replicas(State(node): State<Arc<Node>>) -> Json<Value> {
                     "completed": r.ledger.completed(),
                 },
                 "peer_inflight": { "requests": peer.load.requests, "age_s": now - peer.updated_s },
-                "kv_events": node.kv.debug(r),
+                "kv_events": path.kv.debug(r),
             })
         })
         .collect();
     Json(json!({
         "replicas": list,
-        "prefix_index_entries": node.prefix.len(),
-        "kv_index": node.kv.index_debug(),
+        "prefix_index_entries": path.prefix.len(),
+        "kv_index": path.kv.index_debug(),
     }))
 }
 
-async fn debug_cluster(State(node): State<Arc<Node>>) -> Json<Value> {
-    if let Some(m) = node.mesh.get() {
+async fn decisions_one(State(path): State<Arc<RequestPath>>, Path(id): Path<String>) -> Response {
+    decisions::api::one(path.records(), &id)
+}
+
+async fn decisions_list(
+    State(path): State<Arc<RequestPath>>,
+    q: Result<Query<decisions::Query>, QueryRejection>,
+) -> Response {
+    decisions::api::list(path.records(), q)
+}
+
+async fn decisions_summary(State(path): State<Arc<RequestPath>>) -> Json<Value> {
+    decisions::api::summary(path.records())
+}
+
+async fn debug_cluster(State(path): State<Arc<RequestPath>>) -> Json<Value> {
+    if let Some(m) = path.outcomes.mesh.as_ref() {
         return Json(m.cluster_json().await);
     }
     Json(json!({
-        "node_id": node.cfg.node_id(),
-        "members": [{ "node_id": node.cfg.node_id(), "live": true, "self": true, "age_s": 0.0, "keys": [] }],
+        "node_id": path.cfg.node_id(),
+        "members": [{ "node_id": path.cfg.node_id(), "live": true, "self": true, "age_s": 0.0, "keys": [] }],
     }))
 }
 
-async fn debug_predictor(State(node): State<Arc<Node>>) -> Json<Value> {
-    let snap = node.trainer.shared.load_full();
-    let names: std::collections::HashMap<u64, (String, String)> = node
+async fn debug_predictor(State(path): State<Arc<RequestPath>>) -> Json<Value> {
+    let snap = path.predictor.load_full();
+    let names: std::collections::HashMap<u64, (String, String)> = path
         .fleet
         .replicas()
         .iter()
@@ -466,11 +486,11 @@ async fn debug_predictor(State(node): State<Arc<Node>>) -> Json<Value> {
         })
         .collect();
     Json(json!({
-        "policy": node.policy.name(),
+        "policy": path.policy.name(),
         "snapshot_created_at_s": snap.created_at_s(),
         "upper_quantile": snap.upper_quantile(),
-        "samples_learned": node.trainer.learned.load(std::sync::atomic::Ordering::Relaxed),
-        "samples_dropped": node.trainer.dropped.load(std::sync::atomic::Ordering::Relaxed),
+        "samples_learned": path.outcomes.trainer.learned.load(std::sync::atomic::Ordering::Relaxed),
+        "samples_dropped": path.outcomes.trainer.dropped.load(std::sync::atomic::Ordering::Relaxed),
         "counters": snap.counters(),
         "classes": snap.class_reports(),
         "replicas": replicas,

@@ -106,6 +106,13 @@ impl Tenants {
         self.table.store(Arc::new(Table::build(cfgs, anonymous)));
     }
 
+    /// Swaps in the table of `cfg` (`tenants`, `edge.anonymous_tenant`); returns the
+    /// number of API keys now known.
+    pub fn reload_from(&self, cfg: &crate::config::RouterConfig) -> usize {
+        self.reload(&cfg.tenants, cfg.edge.anonymous_tenant.as_deref());
+        self.key_count()
+    }
+
     /// Number of API keys known (for logs after a reload).
     pub fn key_count(&self) -> usize {
         self.table.load().by_key.len()

@@ -539,7 +539,7 @@ async fn a_replicas_429_is_backpressure_not_failure() {
         busy.seen.lock().len() >= 5,
         "the busy replica was never tried"
     );
-    let replicas = r.node.fleet.replicas();
+    let replicas = r.node.path.fleet.replicas();
     let b = replicas
         .iter()
         .find(|x| x.base.port_u16() == Some(busy.addr.port()))

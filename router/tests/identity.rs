@@ -115,7 +115,7 @@ async fn reload_keeps_streams_and_swaps_keys() {
     assert_eq!(stream.status(), 200);
     let first = stream.chunk().await.unwrap().unwrap();
     assert!(!first.is_empty());
-    r.node.tenants.reload(&[tenant("gold", "k-new")], None);
+    r.node.path.tenants.reload(&[tenant("gold", "k-new")], None);
     let old = c
         .post(r.url("/v1/completions"))
         .bearer_auth("k-old")

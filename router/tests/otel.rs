@@ -258,7 +258,7 @@ async fn a_new_trace_without_traceparent_and_a_refusal_is_an_error_span() {
 async fn tracing_is_off_unless_an_endpoint_is_set() {
     let a = mock("m").await;
     let r = router(&[a.url()], PolicyName::Slo, |_| {}).await;
-    assert!(r.node.traces.is_none());
+    assert!(r.node.outcomes.traces.is_none());
     let resp = client()
         .post(r.url("/v1/chat/completions"))
         .header(

@@ -246,7 +246,7 @@ async fn stalled_replica_times_out_to_another_and_is_readmitted() {
     stalled.health_ok.store(0, SeqCst);
     // Probes fail: ejected within a few probe periods.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while r.node.fleet.replicas()[0].health.routable() {
+    while r.node.path.fleet.replicas()[0].health.routable() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "stalled replica never ejected"
@@ -266,7 +266,7 @@ async fn stalled_replica_times_out_to_another_and_is_readmitted() {
     stalled.set(Behaviour::Normal);
     stalled.health_ok.store(1, SeqCst);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !r.node.fleet.replicas()[0].health.routable() {
+    while !r.node.path.fleet.replicas()[0].health.routable() {
         assert!(tokio::time::Instant::now() < deadline, "never re-admitted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -373,14 +373,14 @@ async fn long_text_prompts_are_measured_off_the_workers_exactly_as_inline() {
     let body = json!({"model":"m","prompt":text,"max_tokens":5});
     let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
     let parsed = parse(Endpoint::Completions, &bytes, true).unwrap();
-    let inline = r.node.shape(&parsed);
+    let inline = r.node.path.shape(&parsed);
     assert!(
         (3_695..=3_705).contains(&inline.tokens),
         "{}",
         inline.tokens
     );
     assert_eq!(inline.blocks.len(), inline.tokens as usize / 16);
-    let (back, off) = r.node.shape_off_worker(parsed.clone()).await.unwrap();
+    let (back, off) = r.node.path.shape_off_worker(parsed.clone()).await.unwrap();
     assert_eq!(off, inline, "the blocking pool measures the same prompt");
     assert_eq!(
         back.upstream_body, parsed.upstream_body,
@@ -488,12 +488,12 @@ async fn long_chat_prompts_are_rendered_off_the_workers_exactly_as_inline() {
         true,
     )
     .unwrap();
-    let inline = r.node.shape(&parsed);
-    let (_, off) = r.node.shape_off_worker(parsed.clone()).await.unwrap();
+    let inline = r.node.path.shape(&parsed);
+    let (_, off) = r.node.path.shape_off_worker(parsed.clone()).await.unwrap();
     assert_eq!(off, inline, "the blocking pool measures the same prompt");
     // The render: "<s>user\n" + text + "</s>\n<s>assistant\n" costs a handful of tokens
     // on top of the text itself, not 4 a message on top of an estimate.
-    let plain = r.node.shape(
+    let plain = r.node.path.shape(
         &parse(
             Endpoint::Completions,
             &bytes::Bytes::from(serde_json::to_vec(&json!({"model":"m","prompt":text})).unwrap()),
@@ -522,7 +522,10 @@ async fn a_missing_tokenizer_file_stops_the_node_naming_it() {
         chat_template: None,
     });
     let cancel = tokio_util::sync::CancellationToken::new();
-    let err = Node::start(cfg, cancel.clone()).err().expect("must fail");
+    let err = Node::start(cfg, cancel.clone())
+        .await
+        .err()
+        .expect("must fail");
     cancel.cancel();
     let s = format!("{err:#}");
     assert!(

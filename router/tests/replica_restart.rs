@@ -25,17 +25,20 @@ async fn a_restarted_engine_is_forgotten_by_the_prefix_index() {
     assert!(resp.status().is_success());
     resp.bytes().await.unwrap();
     assert!(
-        !r.node.prefix.is_empty(),
+        !r.node.path.prefix.is_empty(),
         "the prompt's blocks are remembered"
     );
     // Scrapes with the counter still rising change nothing.
     m.prefix_queries.store(60_000, SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!r.node.prefix.is_empty(), "no restart, nothing forgotten");
+    assert!(
+        !r.node.path.prefix.is_empty(),
+        "no restart, nothing forgotten"
+    );
 
     m.prefix_queries.store(12, SeqCst);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !r.node.prefix.is_empty() {
+    while !r.node.path.prefix.is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the restart was not noticed within 5 s"

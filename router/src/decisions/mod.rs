@@ -193,49 +193,52 @@ impl DecisionRing {
     }
 }
 
-/// The proxy's decision, into record `id` (deferrals counted).
-pub fn note_decision(
-    node: &crate::node::Node,
-    id: Option<u64>,
-    routed: &headroom_core::Routed,
-    replicas: &[std::sync::Arc<crate::fleet::Replica>],
-) {
-    if id.is_none() {
-        return;
+impl DecisionRing {
+    /// The proxy's decision by `policy`, into record `id` (deferrals counted).
+    pub fn note_decision(
+        &self,
+        id: Option<u64>,
+        policy: &'static str,
+        routed: &headroom_core::Routed,
+        replicas: &[std::sync::Arc<crate::fleet::Replica>],
+    ) {
+        if id.is_none() {
+            return;
+        }
+        let mut d = Decided::from_routed(policy, routed, replicas);
+        self.update(id, |r| {
+            d.deferrals = r
+                .decision
+                .as_ref()
+                .map_or(0, |p| p.deferrals + u32::from(p.verdict == "defer"));
+            r.decision = Some(d);
+        });
     }
-    let mut d = Decided::from_routed(node.policy.name(), routed, replicas);
-    node.decision_records.update(id, |r| {
-        d.deferrals = r
-            .decision
-            .as_ref()
-            .map_or(0, |p| p.deferrals + u32::from(p.verdict == "defer"));
-        r.decision = Some(d);
-    });
-}
 
-/// Admission's verdict: its fallback label (deferred, defer-full, defer-expired)
-/// replaces the policy's when it sent the request on.
-pub fn note_admit(node: &crate::node::Node, id: Option<u64>, admit: &headroom_core::Admit) {
-    if let headroom_core::Admit::Go {
-        fallback: Some(kind),
-        ..
-    } = admit
-    {
-        node.decision_records.update(id, |r| {
-            if let Some(d) = r.decision.as_mut() {
-                d.fallback = Some(kind);
+    /// Admission's verdict: its fallback label (deferred, defer-full, defer-expired)
+    /// replaces the policy's when it sent the request on.
+    pub fn note_admit(&self, id: Option<u64>, admit: &headroom_core::Admit) {
+        if let headroom_core::Admit::Go {
+            fallback: Some(kind),
+            ..
+        } = admit
+        {
+            self.update(id, |r| {
+                if let Some(d) = r.decision.as_mut() {
+                    d.fallback = Some(kind);
+                }
+            });
+        }
+    }
+
+    /// How a request ended without a streamed response; the first reason stands.
+    pub fn note_end(&self, id: Option<u64>, why: String) {
+        self.update(id, |r| {
+            if r.ended.is_none() && r.measured.is_none() {
+                r.ended = Some(why);
             }
         });
     }
-}
-
-/// How a request ended without a streamed response; the first reason stands.
-pub fn note_end(node: &crate::node::Node, id: Option<u64>, why: String) {
-    node.decision_records.update(id, |r| {
-        if r.ended.is_none() && r.measured.is_none() {
-            r.ended = Some(why);
-        }
-    });
 }
 
 #[cfg(test)]

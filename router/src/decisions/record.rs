@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use headroom_core::{Routed, Verdict, explain::CandidateNote, policy::RequestProfile};
 
-use crate::{fleet::Replica, proxy::outcome::Outcome};
+use crate::fleet::Replica;
 
 /// The request as routing saw it.
 #[derive(Clone, Debug, Serialize)]
@@ -303,23 +303,6 @@ pub struct Measured {
 }
 
 impl Measured {
-    pub fn from_outcome(o: &Outcome, asked: &Asked) -> Self {
-        let ttft_ms = o.ttft_s.map(|s| s * 1e3);
-        let tpot_ms = o.tpot_s.map(|s| s * 1e3);
-        Self {
-            status: o.status.label(),
-            replica: o.replica.name.clone(),
-            ttft_ms,
-            tpot_ms,
-            e2e_ms: o.e2e_s * 1e3,
-            output_tokens: o.output_tokens,
-            prompt_tokens: o.prompt_tokens,
-            cached_tokens: o.cached_tokens,
-            ttft_met: ttft_ms.map(|t| t <= asked.slo_ttft_ms),
-            tpot_met: tpot_ms.map(|t| t <= asked.slo_tpot_ms),
-        }
-    }
-
     /// Failed, or measured past an objective.
     pub fn missed(&self) -> bool {
         self.status != "ok" || self.ttft_met == Some(false) || self.tpot_met == Some(false)

@@ -6,30 +6,37 @@
 //! settings need a restart; a file that fails validation changes nothing and is
 //! logged with every problem.
 
-use std::{path::PathBuf, sync::Arc};
+use std::path::PathBuf;
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::{config::RouterConfig, node::Node};
+use crate::config::RouterConfig;
 
-/// Re-reads `path` and swaps the tenant table; returns the number of API keys now known.
-pub fn reload_tenants(node: &Node, path: &std::path::Path) -> Result<usize, String> {
-    let cfg = RouterConfig::from_file(path).map_err(|e| e.to_string())?;
-    node.tenants
-        .reload(&cfg.tenants, cfg.edge.anonymous_tenant.as_deref());
-    Ok(node.tenants.key_count())
+/// Takes `SIGHUP` over from its default (which ends the process) before the node is
+/// built: one that arrives meanwhile is acted on once [`spawn_sighup`] runs.
+pub fn watch_sighup() -> Option<Signal> {
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::error!("cannot watch SIGHUP, tenants will not reload: {e}");
+            None
+        }
+    }
 }
 
-/// Watches `SIGHUP` until `cancel`; without a config file there is nothing to re-read.
-pub fn spawn_sighup(node: Arc<Node>, path: Option<PathBuf>, cancel: CancellationToken) {
+/// On each `SIGHUP` (from [`watch_sighup`]) until `cancel`, re-reads the config file at
+/// `path` and, when it is valid, hands it to `reload` (the tenant table's swap, which
+/// returns the number of API keys now known); without a config file there is nothing
+/// to re-read.
+pub fn spawn_sighup(
+    hup: Option<Signal>,
+    path: Option<PathBuf>,
+    cancel: CancellationToken,
+    reload: impl Fn(&RouterConfig) -> usize + Send + 'static,
+) {
+    let Some(mut hup) = hup else { return };
     tokio::spawn(async move {
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!("cannot watch SIGHUP, tenants will not reload: {e}");
-                return;
-            }
-        };
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -39,7 +46,7 @@ pub fn spawn_sighup(node: Arc<Node>, path: Option<PathBuf>, cancel: Cancellation
                 tracing::warn!("SIGHUP: no --config file to reload tenants from");
                 continue;
             };
-            match reload_tenants(&node, p) {
+            match RouterConfig::from_file(p).map(|cfg| reload(&cfg)) {
                 Ok(keys) => tracing::info!(
                     file = %p.display(),
                     keys,

@@ -39,7 +39,8 @@ pub struct Fleet {
     pub prefix: Arc<PrefixIndex>,
     cancel: CancellationToken,
     tracker: TaskTracker,
-    share: parking_lot::RwLock<Option<Arc<dyn tasks::ScrapeShare>>>,
+    /// Scraping shared with the mesh's other nodes, where this node joins one.
+    share: Option<Arc<dyn tasks::ScrapeShare>>,
 }
 
 impl Fleet {
@@ -48,6 +49,7 @@ impl Fleet {
         client: HttpClient,
         metrics: Arc<Metrics>,
         prefix: Arc<PrefixIndex>,
+        share: Option<Arc<dyn tasks::ScrapeShare>>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -60,7 +62,7 @@ impl Fleet {
             prefix,
             cancel,
             tracker: TaskTracker::new(),
-            share: parking_lot::RwLock::new(None),
+            share,
         })
     }
 
@@ -150,14 +152,9 @@ impl Fleet {
             .collect()
     }
 
-    /// Shares scraping with peers from now on.
-    pub fn set_share(&self, share: Arc<dyn tasks::ScrapeShare>) {
-        *self.share.write() = Some(share);
-    }
-
     /// The scrape sharing in force, if any.
     pub fn share(&self) -> Option<Arc<dyn tasks::ScrapeShare>> {
-        self.share.read().clone()
+        self.share.clone()
     }
 
     /// Runs a background task until the fleet shuts down (it gets a child of the

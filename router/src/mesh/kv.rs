@@ -86,7 +86,7 @@ pub(super) fn mesh_kv(v: WireValue) -> Option<(u64, MeshKv)> {
 impl MeshRuntime {
     /// Publishes this node's KV deltas and snapshots; see the module docs.
     pub(super) async fn kv_loop(self: Arc<Self>) {
-        let kv = self.node.kv.clone();
+        let kv = self.local.kv.clone();
         if !kv.active() {
             return;
         }
@@ -163,9 +163,9 @@ impl MeshRuntime {
         let Some((key, v)) = mesh_kv(value) else {
             return;
         };
-        let replicas = self.node.fleet.replicas();
+        let replicas = self.local.fleet.replicas();
         if let Some(r) = replicas.iter().find(|r| r.key == key && r.kv.is_some()) {
-            self.node.kv.mesh_value(r.id, node, v);
+            self.local.kv.mesh_value(r.id, node, v);
         }
     }
 }

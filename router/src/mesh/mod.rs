@@ -18,7 +18,10 @@
 //! - region summaries (`summary/<region>`, cross-region; `regions.rs`);
 //! - membership and liveness from chitchat's failure detector.
 //!
-//! Nothing here is on the request path except `note_prefix`, a non-blocking send.
+//! Nothing here is on the request path except `note_prefix`, a non-blocking send (the
+//! outcome sink's, at a placement's first byte). The runtime holds this node's fleet,
+//! KV feeds and trainer ([`Local`]) and the scrape ownership the fleet consults
+//! ([`ScrapeShares`]); the outcome sink holds the runtime, never the reverse.
 
 pub mod duplicate;
 mod kv;
@@ -39,7 +42,6 @@ use std::{
 };
 
 use anyhow::Context;
-use arc_swap::ArcSwap;
 use headroom_gossip::{
     Mesh, MeshConfig, MeshEvent, Scope, TlsIdentity, keys,
     wire::{
@@ -54,12 +56,13 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 pub use owners::Owners;
 pub use peers::PeerTable;
+pub use scrapes::{ScrapeInbox, ScrapeShares};
 
 use crate::{
     clock,
-    fleet::{EngineKind, Replica, Scraped, tasks::ScrapeShare},
-    node::Node,
+    fleet::{EngineKind, Fleet, Replica, Scraped, kv_feed::KvFeeds},
     prefix::Cursor,
+    trainer::Trainer,
 };
 
 /// Mesh settings (`[mesh]`); the mesh is off unless `listen` is set.
@@ -132,20 +135,30 @@ const LOADS_PER_DATAGRAM: usize = 24;
 /// Blocks of one request's chain shared with peers (its head is what matches).
 const PREFIX_BLOCKS_PER_REQUEST: usize = 128;
 
+/// This node's parts that the mesh shares and folds its peers' state into, handed over
+/// when it joins: the fleet (with the config, the metrics and the prefix index), the
+/// KV-event feeds and the trainer. Never the request path or the outcome sink, which
+/// hold the runtime.
+pub struct Local {
+    pub fleet: Arc<Fleet>,
+    pub kv: Arc<KvFeeds>,
+    pub trainer: Arc<Trainer>,
+}
+
 pub struct MeshRuntime {
     /// Taken out at shutdown (the gossip handle shuts down by value).
     mesh_slot: arc_swap::ArcSwapOption<Mesh>,
     node_id: String,
     addr: std::net::SocketAddr,
-    node: Arc<Node>,
+    local: Local,
     settings: MeshSettings,
     peers: Mutex<PeerTable>,
-    owners: ArcSwap<Owners>,
+    /// Scrape ownership (shared with the fleet, which consults it).
+    scrapes: Arc<ScrapeShares>,
     /// Replica key → when a peer's scrape of it last arrived (`now_s` axis).
     heard_scrapes: Mutex<HashMap<u64, f64>>,
     prefix_tx: crossbeam_channel::Sender<(u64, Vec<u64>)>,
     prefix_rx: crossbeam_channel::Receiver<(u64, Vec<u64>)>,
-    scrape_tx: tokio::sync::mpsc::Sender<(Arc<Replica>, Arc<Scraped>)>,
     seq: AtomicU64,
     pub published: AtomicU64,
     pub ingested: AtomicU64,
@@ -230,24 +243,18 @@ fn scrape_from_wire(w: &ReplicaScrape, age: Duration, prev: Option<&Scraped>) ->
     }
 }
 
-impl ScrapeShare for MeshRuntime {
-    fn should_scrape(&self, replica: &Replica) -> bool {
-        self.owners.load().owns(replica.key)
-    }
-    fn scraped(&self, replica: &Arc<Replica>, s: &Arc<Scraped>) {
-        let _ = self.scrape_tx.try_send((replica.clone(), s.clone()));
-    }
-}
-
 impl MeshRuntime {
     /// Joins the mesh and starts sharing. The node's id names its certificate.
+    /// `scrapes`: the ownership the fleet consults, and its queue of scrapes to share.
     pub async fn start(
-        node: Arc<Node>,
+        local: Local,
+        (scrapes, inbox): (Arc<ScrapeShares>, ScrapeInbox),
         cancel: CancellationToken,
     ) -> anyhow::Result<Arc<MeshRuntime>> {
-        let s = node.cfg.mesh.clone();
+        let node_cfg = local.fleet.cfg.clone();
+        let s = node_cfg.mesh.clone();
         let listen = s.listen.context("mesh.listen is not set")?;
-        let node_id = node.cfg.node_id();
+        let node_id = node_cfg.node_id();
         let dir = s
             .tls_dir
             .clone()
@@ -264,7 +271,7 @@ impl MeshRuntime {
         cfg.max_value_bytes = 32 * 1024;
         cfg.compress_frames = s.compress;
         let mesh = Mesh::start(cfg).await.context("starting the mesh")?;
-        let duplicates = duplicate::DuplicateWatch::new(node.metrics.registry());
+        let duplicates = duplicate::DuplicateWatch::new(local.fleet.metrics.registry());
         if s.duplicate_check_ms > 0 && !(s.peers.is_empty() && s.remote_region_peers.is_empty()) {
             let window = Duration::from_millis(s.duplicate_check_ms);
             let settle = Duration::from_millis(s.gossip_interval_ms.max(10) * 4);
@@ -281,19 +288,17 @@ impl MeshRuntime {
             }
         }
         let (prefix_tx, prefix_rx) = crossbeam_channel::bounded(4096);
-        let (scrape_tx, scrape_rx) = tokio::sync::mpsc::channel(1024);
         let rt = Arc::new(MeshRuntime {
-            owners: ArcSwap::from_pointee(Owners::new(&node_id, vec![], s.scrape_owners)),
+            scrapes,
             heard_scrapes: Mutex::new(HashMap::new()),
             addr: mesh.addr(),
             mesh_slot: arc_swap::ArcSwapOption::from_pointee(mesh),
             node_id: node_id.clone(),
-            node: node.clone(),
+            local,
             settings: s,
             peers: Mutex::new(PeerTable::default()),
             prefix_tx,
             prefix_rx,
-            scrape_tx,
             seq: AtomicU64::new(0),
             published: AtomicU64::new(0),
             ingested: AtomicU64::new(0),
@@ -306,7 +311,7 @@ impl MeshRuntime {
         });
         let info = WireValue::NodeInfo(NodeInfo {
             region: rt.settings.region.clone(),
-            http_addr: node.cfg.listen.to_string(),
+            http_addr: node_cfg.listen.to_string(),
             started_at_ms: clock::unix_ms(),
             version: env!("CARGO_PKG_VERSION").into(),
         });
@@ -318,7 +323,7 @@ impl MeshRuntime {
         rt.tracker.spawn(rt.clone().ingest_loop());
         rt.tracker.spawn(rt.clone().inflight_loop());
         rt.tracker.spawn(rt.clone().housekeeping_loop());
-        rt.tracker.spawn(rt.clone().scrape_loop(scrape_rx));
+        rt.tracker.spawn(rt.clone().scrape_loop(inbox));
         rt.tracker.spawn(rt.clone().prefix_loop());
         rt.tracker.spawn(rt.clone().kv_loop());
         rt.tracker.spawn(rt.clone().predictor_loop());
@@ -365,7 +370,7 @@ impl MeshRuntime {
     }
 
     fn replicas_by_key(&self) -> HashMap<u64, Arc<Replica>> {
-        self.node
+        self.local
             .fleet
             .replicas()
             .iter()
@@ -392,7 +397,7 @@ impl MeshRuntime {
         while self.tick(every).await {
             let now = clock::now_s();
             let loads: Vec<wire::ReplicaLoad> = self
-                .node
+                .local
                 .fleet
                 .replicas()
                 .iter()
@@ -465,7 +470,7 @@ impl MeshRuntime {
             {
                 let mut p = self.peers.lock();
                 p.expire(now, ttl);
-                p.publish(&self.node.fleet.replicas(), now);
+                p.publish(&self.local.fleet.replicas(), now);
             }
             let Some(mesh) = self.mesh() else { return };
             let all = mesh.members().await;
@@ -479,18 +484,17 @@ impl MeshRuntime {
                 .map(|m| m.node_id.to_string())
                 .collect();
             let next = Owners::new(self.node_id(), members, self.settings.scrape_owners);
-            if next.members != self.owners.load().members {
+            if next.members != self.scrapes.owners.load().members {
                 tracing::info!(members = next.members.len(), "scrape ownership recomputed");
-                self.owners.store(Arc::new(next));
+                self.scrapes.owners.store(Arc::new(next));
             }
         }
     }
 
     /// Publishes scrapes this node made as an owner, as `scrapes.rs` admits them.
-    async fn scrape_loop(
-        self: Arc<Self>,
-        mut rx: tokio::sync::mpsc::Receiver<(Arc<Replica>, Arc<Scraped>)>,
-    ) {
+    async fn scrape_loop(self: Arc<Self>, ScrapeInbox(mut rx): ScrapeInbox) {
+        // Scrapes made before the mesh joined are not shared (peers hear the next).
+        while rx.try_recv().is_ok() {}
         let period = self.settings.scrape_publish_ms as f64 / 1e3;
         let mut gate = scrapes::ScrapeGate::default();
         let mut sweep_s = clock::now_s();
@@ -502,7 +506,7 @@ impl MeshRuntime {
             let Some((r, s)) = got else { return };
             let now = clock::now_s();
             let w = scrape_to_wire(&r, &s);
-            let first = self.owners.load().first(r.key);
+            let first = self.scrapes.owners.load().first(r.key);
             let heard = self.heard_scrapes.lock().get(&r.key).copied();
             if !gate.admit(&w, first, heard, now, period) {
                 continue;
@@ -555,7 +559,7 @@ impl MeshRuntime {
     async fn predictor_loop(self: Arc<Self>) {
         let every = Duration::from_millis(self.settings.predictor_interval_ms.max(100));
         while self.tick(every).await {
-            let trainer = self.node.trainer.clone();
+            let trainer = self.local.trainer.clone();
             let Ok(Some(slot)) = tokio::task::spawn_blocking(move || trainer.export_slot()).await
             else {
                 continue;
@@ -605,7 +609,7 @@ impl MeshRuntime {
             } => {
                 let mut p = self.peers.lock();
                 if p.update(&node, &v, now, age.as_secs_f64()) {
-                    p.publish(&self.node.fleet.replicas(), now);
+                    p.publish(&self.local.fleet.replicas(), now);
                 }
             }
             MeshEvent::Value {
@@ -618,7 +622,7 @@ impl MeshRuntime {
                     let prev = r.scraped.load_full();
                     let s = scrape_from_wire(&w, age, prev.as_deref());
                     if prev.as_ref().is_none_or(|p| s.at_s > p.at_s) {
-                        self.node.fleet.note_scrape(r, prev.as_deref(), &s, "peer");
+                        self.local.fleet.note_scrape(r, prev.as_deref(), &s, "peer");
                         r.scraped.store(Some(Arc::new(s)));
                     }
                 }
@@ -628,12 +632,12 @@ impl MeshRuntime {
                 ..
             } => {
                 if let Some(r) = self.replicas_by_key().get(&d.replica) {
-                    let idx = &self.node.prefix;
+                    let idx = &self.local.fleet.prefix;
                     let cursor = Cursor {
                         replica: r.id,
                         seq: r.prefix_cursor.load(Relaxed),
                         capacity: r.kv_capacity_tokens().map_or(u64::MAX, |t| {
-                            (t / self.node.cfg.prefix.block_tokens.max(1) as u64).max(1)
+                            (t / self.local.fleet.cfg.prefix.block_tokens.max(1) as u64).max(1)
                         }),
                     };
                     let mut matched = [0u32];
@@ -655,9 +659,9 @@ impl MeshRuntime {
                 // A peer not known to be in this region shares its classes only.
                 let home = self.regions.in_region(&node, &self.settings.region);
                 match FederationSlot::from_blocks(&node, &rows) {
-                    Ok(s) if home => self.node.trainer.merge_peer(s),
+                    Ok(s) if home => self.local.trainer.merge_peer(s),
                     Ok(s) => self
-                        .node
+                        .local
                         .trainer
                         .merge_peer(headroom_core::region::cross_region_slot(s)),
                     Err(e) => tracing::debug!(peer = %node, "predictor slot refused: {e}"),
@@ -672,19 +676,19 @@ impl MeshRuntime {
             MeshEvent::ValueRemoved { node, key, .. } if key == keys::inflight() => {
                 let mut p = self.peers.lock();
                 if p.remove(&node) {
-                    p.publish(&self.node.fleet.replicas(), now);
+                    p.publish(&self.local.fleet.replicas(), now);
                 }
             }
             MeshEvent::MemberLeft { node, scope } => {
                 if scope == Scope::Region {
                     let mut p = self.peers.lock();
                     if p.remove(&node) {
-                        p.publish(&self.node.fleet.replicas(), now);
+                        p.publish(&self.local.fleet.replicas(), now);
                     }
                     drop(p);
-                    self.node.kv.mesh_member_left(&node);
+                    self.local.kv.mesh_member_left(&node);
                 }
-                self.node.trainer.forget_peer(&node);
+                self.local.trainer.forget_peer(&node);
             }
             _ => {}
         }
@@ -724,7 +728,7 @@ impl MeshRuntime {
                 })
             })
             .collect();
-        let owners = self.owners.load();
+        let owners = self.scrapes.owners.load();
         let st = mesh.stats();
         serde_json::json!({
             "node_id": self.node_id(),
@@ -739,7 +743,7 @@ impl MeshRuntime {
             "kv_bytes_published": self.kv_bytes.load(Relaxed),
             "gossip_bytes_sent": st.bytes_sent,
             "gossip_bytes_received": st.bytes_received,
-            "regions": self.regions.json(now, self.node.cfg.regions.summary_ttl_ms as f64 / 1e3),
+            "regions": self.regions.json(now, self.local.fleet.cfg.regions.summary_ttl_ms as f64 / 1e3),
             "stats": format!("{st:?}"),
         })
     }

@@ -161,13 +161,13 @@ pub fn summarize(
 impl MeshRuntime {
     /// Publishes this region's summary and re-applies the book (summaries age out).
     pub(super) async fn summary_loop(self: Arc<Self>) {
-        let rc = self.node.cfg.regions.clone();
+        let rc = self.local.fleet.cfg.regions.clone();
         let every = Duration::from_millis(rc.summary_interval_ms.max(100));
         let ttl_s = rc.summary_ttl_ms as f64 / 1e3;
-        let stale_s = self.node.cfg.scrape.stale_after_ms as f64 / 1e3;
+        let stale_s = self.local.fleet.cfg.scrape.stale_after_ms as f64 / 1e3;
         while self.tick(every).await {
             let now = clock::now_s();
-            let replicas = self.node.fleet.replicas();
+            let replicas = self.local.fleet.replicas();
             let own = &self.settings.region;
             let s = summarize(
                 &replicas,
@@ -191,9 +191,9 @@ impl MeshRuntime {
     pub(super) fn ingest_summary(&self, node: &str, s: &RegionSummary, age: Duration) {
         let now = clock::now_s();
         self.regions.note_summary(node, s, age, now);
-        let ttl_s = self.node.cfg.regions.summary_ttl_ms as f64 / 1e3;
+        let ttl_s = self.local.fleet.cfg.regions.summary_ttl_ms as f64 / 1e3;
         self.regions.apply(
-            &self.node.fleet.replicas(),
+            &self.local.fleet.replicas(),
             &self.settings.region,
             now,
             ttl_s,

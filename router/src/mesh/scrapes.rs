@@ -16,9 +16,49 @@
 //! Peers judge a scrape's age from its publication, so `period` plus propagation must
 //! stay under `scrape.stale_after_ms` (validated at start).
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
+use arc_swap::ArcSwap;
 use headroom_gossip::wire::ReplicaScrape;
+use tokio::sync::mpsc;
+
+use super::Owners;
+use crate::fleet::{Replica, Scraped, tasks::ScrapeShare};
+
+/// A scrape this node made, on its way to the runtime's publisher.
+type Made = (Arc<Replica>, Arc<Scraped>);
+
+/// The mesh's part in scraping, made before the fleet (which asks it before every
+/// scrape) so that the fleet never holds the runtime: which replicas this node owns
+/// (rendezvous over the region's live members, recomputed by the runtime; this node
+/// alone until it has joined), and the scrapes it made, queued for the runtime.
+pub struct ScrapeShares {
+    pub(super) owners: ArcSwap<Owners>,
+    tx: mpsc::Sender<Made>,
+}
+
+/// The receiving end of [`ScrapeShares`]' queue, handed to the runtime when it joins.
+pub struct ScrapeInbox(pub(super) mpsc::Receiver<Made>);
+
+impl ScrapeShares {
+    pub fn new(node_id: &str, owners_per_replica: usize) -> (Arc<Self>, ScrapeInbox) {
+        let (tx, rx) = mpsc::channel(1024);
+        let me = Self {
+            owners: ArcSwap::from_pointee(Owners::new(node_id, vec![], owners_per_replica)),
+            tx,
+        };
+        (Arc::new(me), ScrapeInbox(rx))
+    }
+}
+
+impl ScrapeShare for ScrapeShares {
+    fn should_scrape(&self, replica: &Replica) -> bool {
+        self.owners.load().owns(replica.key)
+    }
+    fn scraped(&self, replica: &Arc<Replica>, s: &Arc<Scraped>) {
+        let _ = self.tx.try_send((replica.clone(), s.clone()));
+    }
+}
 
 /// This node's publications per replica.
 #[derive(Debug, Default)]

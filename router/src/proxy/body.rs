@@ -23,10 +23,15 @@ use tokio::time::Sleep;
 
 use super::{
     failover::{self, Cut, Failover, Resumed, Splice},
-    outcome::{Outcome, OutcomeStatus},
     sse::{SseScanner, Usage},
 };
-use crate::{decide::Learn, error::ApiError, fleet::Replica, ledger::Booking, node::Node};
+use crate::{
+    decide::Learn,
+    error::ApiError,
+    fleet::Replica,
+    ledger::Booking,
+    node::{Outcome, OutcomeStatus, Outcomes, outcomes::Reported},
+};
 use crate::{otel::RequestTrace, request::InjectedUsage};
 
 /// Largest non-streaming body kept to read its usage.
@@ -34,7 +39,8 @@ const KEEP_NONSTREAM_BYTES: usize = 1 << 20;
 
 /// Everything needed to close out a request.
 pub struct Tracking {
-    pub node: Arc<Node>,
+    /// Where the request's outcome goes.
+    pub outcomes: Arc<Outcomes>,
     pub replica: Arc<Replica>,
     pub model: String,
     pub arrived: Instant,
@@ -155,11 +161,11 @@ impl TrackedBody {
                         // stream to end (long outputs would delay it by seconds).
                         if let Some(l) = t.learn.as_ref().filter(|_| !t.ttft_learned) {
                             let ttft_s = first.duration_since(t.dispatched).as_secs_f64();
-                            let reported = super::outcome::Reported {
+                            let reported = Reported {
                                 prompt_tokens: sc.chunk_prompt_tokens,
                                 cached_tokens: sc.chunk_cached_tokens,
                             };
-                            t.node.learn_first_token(l, ttft_s, reported);
+                            t.outcomes.learn_first_token(l, ttft_s, reported);
                             t.ttft_learned = true;
                         }
                     }
@@ -282,7 +288,7 @@ impl TrackedBody {
         } else {
             drop(t.booking);
         }
-        t.node.observe(outcome);
+        t.outcomes.observe(outcome);
         tail
     }
 }
@@ -397,7 +403,7 @@ impl TrackedBody {
                 let profile = f.continued_profile(streamed);
                 let failed = self.track.as_ref().map_or(0, |t| t.replica.key);
                 let fut = failover::resume(
-                    f.node.clone(),
+                    f.path.clone(),
                     failed,
                     f.endpoint,
                     body,
@@ -440,7 +446,7 @@ impl TrackedBody {
         sc.transcript = transcript;
         f.count("resumed");
         if let Some(at) = f.cut_at {
-            f.node
+            f.path
                 .metrics
                 .failover_seconds
                 .with_label_values::<&str>(&[])

@@ -44,7 +44,7 @@ use headroom_core::lifecycle;
 use super::{body::Tracking, sse::event_end};
 use crate::{
     clock,
-    node::Node,
+    node::RequestPath,
     policy::RequestProfile,
     request::{Endpoint, InjectedUsage, ParsedRequest, PromptInput},
 };
@@ -402,7 +402,7 @@ pub fn final_usage(t: &Transcript, prompt_tokens: Option<u32>, completion: u32) 
 
 /// A stream's failover state, fixed at dispatch and carried by its body.
 pub struct Failover {
-    pub node: Arc<Node>,
+    pub path: Arc<RequestPath>,
     pub endpoint: Endpoint,
     /// The request as first sent upstream.
     pub body: Bytes,
@@ -422,17 +422,17 @@ impl Failover {
     /// The state for a stream that may fail over, or `None` where it may not (not a
     /// stream, the tenant opted out, no continuation allowed, a token-id prompt).
     pub fn new(
-        node: &Arc<Node>,
+        path: &Arc<RequestPath>,
         parsed: &ParsedRequest,
         profile: &RequestProfile,
         headers: &HeaderMap,
         arrived: Instant,
         tenant_allows: bool,
     ) -> Option<Self> {
-        let left = node.cfg.proxy.failover_attempts;
+        let left = path.cfg.proxy.failover_attempts;
         let text = matches!(parsed.prompt, PromptInput::Text(_));
         (parsed.stream && tenant_allows && left > 0 && text).then(|| Self {
-            node: node.clone(),
+            path: path.clone(),
             endpoint: parsed.endpoint,
             body: parsed.upstream_body.clone(),
             headers: headers.clone(),
@@ -446,7 +446,7 @@ impl Failover {
     }
 
     pub fn count(&self, outcome: &str) {
-        self.node
+        self.path
             .metrics
             .failover
             .with_label_values(&[outcome])
@@ -474,7 +474,7 @@ pub struct Resumed {
 /// Routes and sends a continuation to any replica but `failed` (the attempts are
 /// booked, bounded by the node's retry budget and jittered, as before a first byte).
 pub async fn resume(
-    node: Arc<Node>,
+    path: Arc<RequestPath>,
     failed: u64,
     endpoint: Endpoint,
     body: Bytes,
@@ -484,7 +484,7 @@ pub async fn resume(
 ) -> Result<Resumed, &'static str> {
     // The continuation is not a decision record of its own (the request's record has the
     // first placement).
-    let (targets, _) = super::plan(&node, &profile, Instant::now(), None)
+    let (targets, _) = super::plan(&path, &profile, Instant::now(), None)
         .await
         .map_err(|_| "no_replica")?;
     for (tried, target) in targets
@@ -493,7 +493,7 @@ pub async fn resume(
         .enumerate()
     {
         if tried > 0 {
-            let base = node.cfg.proxy.retry_backoff_ms.max(1);
+            let base = path.cfg.proxy.retry_backoff_ms.max(1);
             let jitter = rand::rng().random_range(base..=base * 3);
             tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
         }
@@ -502,28 +502,26 @@ pub async fn resume(
         let req = super::upstream_request(r, endpoint, &body, &headers).map_err(|_| "request")?;
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
-            node.cfg.proxy.first_byte_timeout(),
-            node.fleet.client.request(req),
+            path.cfg.proxy.first_byte_timeout(),
+            path.fleet.client.request(req),
         )
         .await;
         let why = match sent {
             Err(_) => "first_byte_timeout",
             Ok(Err(e)) => crate::upstream::connect_failure(&e),
             Ok(Ok(mut resp)) if resp.status().is_success() => {
-                match super::first_frame(&mut resp, &node).await {
+                match super::first_frame(&mut resp, &path).await {
                     Ok(first) => {
                         lifecycle::remember_prefix(
-                            &node.prefix,
+                            &path.prefix,
                             r.as_ref(),
                             &profile,
                             &target.routed,
-                            node.cfg.prefix.block_tokens,
+                            path.cfg.prefix.block_tokens,
                         );
-                        if let Some(mesh) = node.mesh.get() {
-                            mesh.note_prefix(r.key, &profile.blocks);
-                        }
+                        path.outcomes.placed(r, &profile.blocks);
                         let track = Tracking {
-                            node: node.clone(),
+                            outcomes: path.outcomes.clone(),
                             replica: r.clone(),
                             model: profile.model.clone(),
                             arrived,
@@ -549,7 +547,7 @@ pub async fn resume(
             Ok(Ok(_)) => return Err("refused"),
         };
         drop(booking);
-        super::attempt_failed(&node, r, why);
+        super::attempt_failed(&path, r, why);
     }
     Err("no_replica")
 }

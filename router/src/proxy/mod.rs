@@ -8,7 +8,6 @@
 
 pub mod body;
 pub mod failover;
-pub mod outcome;
 pub mod pd;
 pub mod sse;
 
@@ -28,7 +27,7 @@ use crate::{
     decide::{self, RouteInputs, RoutedTarget},
     error::ApiError,
     fleet::{Replica, Signal},
-    node::Node,
+    node::RequestPath,
     otel::RequestTrace,
     policy::{CandidateError, RequestProfile, candidates::CandidateParams},
     request::{Endpoint, ParsedRequest},
@@ -70,54 +69,55 @@ impl From<CandidateError> for ApiError {
 /// What a decision reads from the node: its policy, predictor, prefix index and these
 /// replicas, with the retry budget. One place, so the unified and P/D paths agree.
 pub(crate) fn route_inputs<'a>(
-    node: &'a Node,
+    path: &'a RequestPath,
     replicas: &'a [Arc<Replica>],
 ) -> RouteInputs<'a, Arc<Replica>> {
     RouteInputs {
-        policy: node.policy.as_ref(),
-        predictor: &node.trainer.shared,
-        prefix: &node.prefix,
+        policy: path.policy.as_ref(),
+        predictor: &path.predictor,
+        prefix: &path.prefix,
         replicas,
         params: CandidateParams {
-            block_tokens: node.cfg.prefix.block_tokens,
-            stale_after_s: node.cfg.scrape.stale_after_ms as f64 / 1e3,
+            block_tokens: path.cfg.prefix.block_tokens,
+            stale_after_s: path.cfg.scrape.stale_after_ms as f64 / 1e3,
         },
-        max_targets: 1 + node.cfg.proxy.retries as usize,
+        max_targets: 1 + path.cfg.proxy.retries as usize,
     }
 }
 
 /// One decision now: the policy's ranking, cut to the retry budget, through the
 /// request's admission (go, wait or reject).
 fn choose(
-    node: &Node,
+    path: &RequestPath,
     profile: &RequestProfile,
     admission: &mut Admission,
     record: Option<u64>,
 ) -> Result<(Admit, Replicas), ApiError> {
-    let replicas = node.fleet.replicas();
-    let inputs = route_inputs(node, &replicas);
-    let mut rng = node.decision_rng();
+    let replicas = path.fleet.replicas();
+    let inputs = route_inputs(path, &replicas);
+    let mut rng = path.decision_rng();
     let now_s = clock::now_s();
     let routed = match record {
         Some(_) => decide::route_explained(&inputs, profile, now_s, &mut rng)?,
         None => decide::route(&inputs, profile, now_s, &mut rng)?,
     };
-    crate::decisions::note_decision(node, record, &routed, &replicas);
-    node.metrics
+    path.records()
+        .note_decision(record, path.policy.name(), &routed, &replicas);
+    path.metrics
         .decision_seconds
-        .with_label_values(&[node.policy.name()])
+        .with_label_values(&[path.policy.name()])
         .observe(routed.decision_ns as f64 / 1e9);
     if let Some(kind) = routed.fallback {
-        node.metrics.fallbacks.with_label_values(&[kind]).inc();
+        path.metrics.fallbacks.with_label_values(&[kind]).inc();
     }
     let admit = admission.admit(routed, now_s);
-    crate::decisions::note_admit(node, record, &admit);
+    path.records().note_admit(record, &admit);
     match &admit {
         Admit::Go {
             fallback: Some(kind @ (lifecycle::DEFER_FULL | lifecycle::DEFER_EXPIRED)),
             ..
-        } => node.metrics.fallbacks.with_label_values(&[kind]).inc(),
-        Admit::Reject(_) => node.metrics.rejected.with_label_values(&["no_fit"]).inc(),
+        } => path.metrics.fallbacks.with_label_values(&[kind]).inc(),
+        Admit::Reject(_) => path.metrics.rejected.with_label_values(&["no_fit"]).inc(),
         _ => {}
     }
     Ok((admit, replicas))
@@ -125,24 +125,24 @@ fn choose(
 
 /// Decides, deferring (bounded, within the request's deadline) while nothing fits.
 async fn plan(
-    node: &Node,
+    path: &RequestPath,
     profile: &RequestProfile,
     arrived: Instant,
     record: Option<u64>,
 ) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
     let limits = DeferLimits {
-        budget: node.cfg.slo.defer_budget,
-        max_deferred: node.cfg.slo.max_deferred,
-        max_wait_s: node.cfg.admission.max_wait_ms as f64 / 1e3,
+        budget: path.cfg.slo.defer_budget,
+        max_deferred: path.cfg.slo.max_deferred,
+        max_wait_s: path.cfg.admission.max_wait_ms as f64 / 1e3,
     };
     let mut admission = Admission::new(
         profile,
         clock::now_s() - arrived.elapsed().as_secs_f64(),
         limits,
-        node.deferred.clone(),
+        path.deferred.clone(),
     );
     loop {
-        match choose(node, profile, &mut admission, record)? {
+        match choose(path, profile, &mut admission, record)? {
             (Admit::Go { targets, fallback }, replicas) => {
                 let targets = targets
                     .into_iter()
@@ -190,7 +190,7 @@ enum AttemptError {
 /// Reads the first frame so a stream that dies before its first byte can be retried.
 async fn first_frame(
     resp: &mut Response<Incoming>,
-    node: &Node,
+    path: &RequestPath,
 ) -> Result<Option<Bytes>, &'static str> {
     let body = resp.body_mut();
     let wait = async {
@@ -208,7 +208,7 @@ async fn first_frame(
             }
         }
     };
-    tokio::time::timeout(node.cfg.proxy.first_byte_timeout(), wait)
+    tokio::time::timeout(path.cfg.proxy.first_byte_timeout(), wait)
         .await
         .map_err(|_| "first_byte_timeout")?
 }
@@ -216,7 +216,7 @@ async fn first_frame(
 /// Routes and forwards one parsed request; `failover`: the tenant lets a stream cut
 /// mid-way continue on another replica (`failover.rs`).
 pub async fn forward(
-    node: Arc<Node>,
+    path: Arc<RequestPath>,
     parsed: ParsedRequest,
     profile: RequestProfile,
     headers: HeaderMap,
@@ -224,9 +224,9 @@ pub async fn forward(
     failover: bool,
     (record, trace): (Option<u64>, &mut Option<Box<RequestTrace>>),
 ) -> Result<Response<AxumBody>, ApiError> {
-    if let Some((plan, replicas)) = pd::choose(&node, &profile)? {
+    if let Some((plan, replicas)) = pd::choose(&path, &profile)? {
         return pd::forward(
-            node,
+            path,
             (parsed, profile, headers),
             (arrived, failover, record),
             plan,
@@ -236,7 +236,7 @@ pub async fn forward(
         .await;
     }
     let span = trace.as_deref().map(RequestTrace::decide);
-    let planned = plan(&node, &profile, arrived, record).await;
+    let planned = plan(&path, &profile, arrived, record).await;
     if let (Some(s), Some(t)) = (span, trace.as_deref()) {
         let (chosen, n, fb) = match &planned {
             Ok((targets, fb)) => (
@@ -246,7 +246,7 @@ pub async fn forward(
             ),
             Err(_) => (None, 0, None),
         };
-        t.decided(s, node.policy.name(), chosen, n, fb, &profile);
+        t.decided(s, path.policy.name(), chosen, n, fb, &profile);
     }
     let (targets, fallback) = planned?;
     let how = Send {
@@ -258,10 +258,10 @@ pub async fn forward(
         fallback,
         ttft_learned: false,
     };
-    match send(&node, &parsed, &profile, &targets, &how, trace).await? {
+    match send(&path, &parsed, &profile, &targets, &how, trace).await? {
         Sent::Response(r) => Ok(r),
         Sent::Failed { reason, last_error } => {
-            all_failed(&node, record, reason, last_error, targets.last())
+            all_failed(&path, record, reason, last_error, targets.last())
         }
     }
 }
@@ -293,8 +293,8 @@ pub(crate) enum Sent {
 /// One attempt at `r` failed before its first byte (`why`: the retry label): counted,
 /// and held against the replica's health — except a 429, which is backpressure and
 /// never ejects. Every stage that retries (unified, prefill, failover) reports here.
-pub(crate) fn attempt_failed(node: &Node, r: &Replica, why: &str) {
-    node.metrics
+pub(crate) fn attempt_failed(path: &RequestPath, r: &Replica, why: &str) {
+    path.metrics
         .upstream_errors
         .with_label_values(&[&r.name, why])
         .inc();
@@ -305,9 +305,9 @@ pub(crate) fn attempt_failed(node: &Node, r: &Replica, why: &str) {
         // ejecting healthy replicas would turn a local overload into an outage.
     } else if r
         .health
-        .on_failure(Signal::Request, clock::now_ms(), &node.cfg.health)
+        .on_failure(Signal::Request, clock::now_ms(), &path.cfg.health)
     {
-        node.metrics.ejection(&r.name);
+        path.metrics.ejection(&r.name);
         tracing::warn!(replica = %r.name, "replica ejected after failures ({why})");
     }
 }
@@ -315,13 +315,14 @@ pub(crate) fn attempt_failed(node: &Node, r: &Replica, why: &str) {
 /// The answer when every attempt failed before the first byte: the last replica's
 /// own error response where it sent one, else a 502 naming it.
 pub(crate) fn all_failed(
-    node: &Node,
+    path: &RequestPath,
     record: Option<u64>,
     reason: &'static str,
     last_error: Option<Response<Incoming>>,
     last: Option<&Target>,
 ) -> Result<Response<AxumBody>, ApiError> {
-    crate::decisions::note_end(node, record, format!("every attempt failed ({reason})"));
+    path.records()
+        .note_end(record, format!("every attempt failed ({reason})"));
     if let (Some(resp), Some(t)) = (last_error, last) {
         return Ok(passthrough(resp, &t.replica));
     }
@@ -343,7 +344,7 @@ pub(crate) fn all_failed(
 /// Sends `parsed` to `targets` in order until one answers (retrying before the first
 /// byte), and streams that one back.
 pub(crate) async fn send(
-    node: &Arc<Node>,
+    path: &Arc<RequestPath>,
     parsed: &ParsedRequest,
     profile: &RequestProfile,
     targets: &[Target],
@@ -363,8 +364,8 @@ pub(crate) async fn send(
     let mut last_reason = "no attempt";
     for (attempt, target) in targets.iter().enumerate() {
         if attempt > 0 {
-            node.metrics.retries.with_label_values(&[last_reason]).inc();
-            let base = node.cfg.proxy.retry_backoff_ms.max(1);
+            path.metrics.retries.with_label_values(&[last_reason]).inc();
+            let base = path.cfg.proxy.retry_backoff_ms.max(1);
             let jitter = rand::rng().random_range(base..=base * 3);
             tokio::time::sleep(std::time::Duration::from_millis(jitter)).await;
         }
@@ -381,8 +382,8 @@ pub(crate) async fn send(
         };
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
-            node.cfg.proxy.first_byte_timeout(),
-            node.fleet.client.request(req),
+            path.cfg.proxy.first_byte_timeout(),
+            path.fleet.client.request(req),
         )
         .await;
         let outcome = match sent {
@@ -405,14 +406,11 @@ pub(crate) async fn send(
                 } else if !status.is_success() {
                     // The client's mistake (4xx): pass it through, not the replica's fault.
                     drop(booking);
-                    crate::decisions::note_end(
-                        node.as_ref(),
-                        record,
-                        format!("{status} from {}", r.name),
-                    );
+                    path.records()
+                        .note_end(record, format!("{status} from {}", r.name));
                     return Ok(Sent::Response(passthrough(resp, r)));
                 } else {
-                    match first_frame(&mut resp, node).await {
+                    match first_frame(&mut resp, path).await {
                         Ok(first) => Ok((resp, first)),
                         Err(why) => Err(AttemptError::Retry(why, None)),
                     }
@@ -422,24 +420,22 @@ pub(crate) async fn send(
         match outcome {
             Ok((resp, first)) => {
                 lifecycle::remember_prefix(
-                    &node.prefix,
+                    &path.prefix,
                     r.as_ref(),
                     profile,
                     &target.routed,
-                    node.cfg.prefix.block_tokens,
+                    path.cfg.prefix.block_tokens,
                 );
                 // Peers learn it too, so a repeat through another node finds it here.
-                if let Some(mesh) = node.mesh.get() {
-                    mesh.note_prefix(r.key, &profile.blocks);
-                }
-                node.kv.sent(
+                path.outcomes.placed(r, &profile.blocks);
+                path.kv.sent(
                     r.id,
                     profile.prompt_tokens,
                     target.routed.cached_tokens,
                     dispatched,
                 );
                 let track = Tracking {
-                    node: node.clone(),
+                    outcomes: path.outcomes.clone(),
                     replica: r.clone(),
                     model: profile.model.clone(),
                     arrived,
@@ -456,9 +452,9 @@ pub(crate) async fn send(
                     trace: trace.take(),
                 };
                 let failover =
-                    failover::Failover::new(node, parsed, profile, headers, arrived, failover);
+                    failover::Failover::new(path, parsed, profile, headers, arrived, failover);
                 let mut out = respond(
-                    node,
+                    path,
                     resp,
                     first,
                     parsed,
@@ -466,7 +462,7 @@ pub(crate) async fn send(
                     fallback,
                     profile.prompt_tokens,
                 );
-                if node.cfg.prediction_headers {
+                if path.cfg.prediction_headers {
                     cached_headers(out.headers_mut(), profile, r.id, &target.routed);
                 }
                 return Ok(Sent::Response(out));
@@ -477,9 +473,9 @@ pub(crate) async fn send(
                 if let Some(t) = trace.as_deref_mut() {
                     t.attempt_failed(why, resp.as_ref().map(|r| r.status().as_u16()));
                 }
-                node.decision_records
+                path.records()
                     .update(record, |d| d.retries.push((r.name.clone(), why)));
-                attempt_failed(node, r, why);
+                attempt_failed(path, r, why);
                 if let Some(resp) = resp {
                     last_error = Some(resp);
                 }
@@ -528,7 +524,7 @@ fn passthrough(resp: Response<Incoming>, r: &Replica) -> Response<AxumBody> {
 }
 
 fn respond(
-    node: &Node,
+    path: &RequestPath,
     resp: Response<Incoming>,
     first: Option<Bytes>,
     parsed: &ParsedRequest,
@@ -545,7 +541,7 @@ fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let stream = (parsed.stream && is_sse).then_some(parsed.injected);
-    let mut tracked = TrackedBody::new(body, first, stream, track, node.cfg.proxy.idle_timeout());
+    let mut tracked = TrackedBody::new(body, first, stream, track, path.cfg.proxy.idle_timeout());
     if stream.is_some()
         && let Some(f) = failover
     {
@@ -556,7 +552,7 @@ fn respond(
     copy_headers(&parts.headers, out.headers_mut(), parsed.injected.any());
     let h = out.headers_mut();
     h.insert(REPLICA_HEADER, replica_header(&r));
-    if node.cfg.prediction_headers {
+    if path.cfg.prediction_headers {
         if let Some(f) = forecast {
             let put = |h: &mut HeaderMap, k: &'static str, v: f64| {
                 if let Ok(v) = HeaderValue::from_str(&format!("{v:.1}")) {
@@ -597,26 +593,29 @@ mod tests {
             ..Default::default()
         });
         let cancel = tokio_util::sync::CancellationToken::new();
-        let node = Node::start(cfg, cancel.clone()).expect("node");
-        let r = node.fleet.replicas()[0].clone();
-        let eject_after = node.cfg.health.eject_after_failures;
+        let node = crate::node::Node::start(cfg, cancel.clone())
+            .await
+            .expect("node");
+        let path = &node.path;
+        let r = path.fleet.replicas()[0].clone();
+        let eject_after = path.cfg.health.eject_after_failures;
         for _ in 0..3 * eject_after {
-            attempt_failed(&node, &r, upstream::LOCAL_EXHAUSTED);
+            attempt_failed(path, &r, upstream::LOCAL_EXHAUSTED);
         }
         assert_eq!(r.health.total_ejections(), 0, "held against the replica");
         for _ in 0..eject_after {
-            attempt_failed(&node, &r, "connect");
+            attempt_failed(path, &r, "connect");
         }
         assert_eq!(
             r.health.total_ejections(),
             1,
             "a real connect failure still counts"
         );
-        let e = all_failed(&node, None, upstream::LOCAL_EXHAUSTED, None, None)
+        let e = all_failed(path, None, upstream::LOCAL_EXHAUSTED, None, None)
             .expect_err("no response to pass through");
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.retry_after, Some(1));
-        let e = all_failed(&node, None, "connect", None, None).expect_err("no response");
+        let e = all_failed(path, None, "connect", None, None).expect_err("no response");
         assert_eq!(e.status, StatusCode::BAD_GATEWAY);
         cancel.cancel();
     }

@@ -46,7 +46,7 @@ use crate::{
     error::ApiError,
     fleet::Signal,
     lifecycle::{self, Reported},
-    node::Node,
+    node::RequestPath,
     otel::RequestTrace,
     policy::RequestProfile,
     request::ParsedRequest,
@@ -58,28 +58,28 @@ const MAX_PREFILL_RESPONSE_BYTES: usize = 1 << 20;
 /// The P/D decision for `profile`, when the fleet has prefill replicas and the
 /// request is better disaggregated; `None`: route it unified.
 pub fn choose(
-    node: &Node,
+    path: &RequestPath,
     profile: &RequestProfile,
 ) -> Result<Option<(PdPlan, Replicas)>, ApiError> {
-    let replicas = node.fleet.replicas();
+    let replicas = path.fleet.replicas();
     if !replicas.iter().any(|r| r.role == Role::Prefill) {
         return Ok(None);
     }
-    let inputs = super::route_inputs(node, &replicas);
-    let mut rng = node.decision_rng();
+    let inputs = super::route_inputs(path, &replicas);
+    let mut rng = path.decision_rng();
     let pd_inputs = PdInputs {
-        cfg: &node.cfg.pd,
-        slo: &node.cfg.slo,
-        links: &node.pd_links,
+        cfg: &path.cfg.pd,
+        slo: &path.cfg.slo,
+        links: &path.pd_links,
     };
     let Some(plan) = pd::plan(&inputs, &pd_inputs, profile, clock::now_s(), &mut rng)? else {
         return Ok(None);
     };
     if let Some(kind) = plan.fallback {
-        node.metrics.fallbacks.with_label_values(&[kind]).inc();
+        path.metrics.fallbacks.with_label_values(&[kind]).inc();
     }
     if plan.eval.tier > 0 && profile.fallback == Fallback::Reject {
-        node.metrics.rejected.with_label_values(&["no_fit"]).inc();
+        path.metrics.rejected.with_label_values(&["no_fit"]).inc();
         let no = pd::no_fit(&plan, profile);
         return Err(ApiError::no_fit(&no));
     }
@@ -147,7 +147,7 @@ enum PrefillEnd {
 /// Runs the prefill on the first of `prefills` that answers (skipping those in
 /// `failed`): its index and the `kv_transfer_params` it returned.
 async fn prefill(
-    node: &Arc<Node>,
+    path: &Arc<RequestPath>,
     parsed: &ParsedRequest,
     profile: &RequestProfile,
     prefills: &[Target],
@@ -165,8 +165,8 @@ async fn prefill(
         let req = upstream_request(r, parsed.endpoint, body, headers)
             .map_err(|_| PrefillEnd::Failed("request"))?;
         let dispatched = Instant::now();
-        let answer = tokio::time::timeout(node.cfg.proxy.first_byte_timeout(), async {
-            let resp = node
+        let answer = tokio::time::timeout(path.cfg.proxy.first_byte_timeout(), async {
+            let resp = path
                 .fleet
                 .client
                 .request(req)
@@ -219,7 +219,7 @@ async fn prefill(
                             }
                             x.as_u64().and_then(|n| u32::try_from(n).ok())
                         };
-                        node.learn_first_token(
+                        path.outcomes.learn_first_token(
                             &t.routed.learn,
                             dispatched.elapsed().as_secs_f64(),
                             Reported {
@@ -228,14 +228,14 @@ async fn prefill(
                             },
                         );
                         lifecycle::remember_prefix(
-                            &node.prefix,
+                            &path.prefix,
                             r.as_ref(),
                             profile,
                             &t.routed,
-                            node.cfg.prefix.block_tokens,
+                            path.cfg.prefix.block_tokens,
                         );
                         r.health
-                            .on_success(Signal::Request, clock::now_ms(), &node.cfg.health);
+                            .on_success(Signal::Request, clock::now_ms(), &path.cfg.health);
                         return Ok((i, params.clone()));
                     }
                 }
@@ -244,16 +244,16 @@ async fn prefill(
         // This prefill replica failed: the next one, never the client's problem.
         failed.insert(i);
         last = why;
-        node.decision_records
+        path.records()
             .update(record, |d| d.retries.push((r.name.clone(), why)));
-        super::attempt_failed(node, r, why);
+        super::attempt_failed(path, r, why);
     }
     Err(PrefillEnd::Failed(last))
 }
 
 /// Serves one disaggregated request: prefill on P, decode on D (see the module docs).
 pub async fn forward(
-    node: Arc<Node>,
+    path: Arc<RequestPath>,
     (parsed, profile, mut headers): (ParsedRequest, RequestProfile, HeaderMap),
     (arrived, failover, record): (Instant, bool, Option<u64>),
     plan: PdPlan,
@@ -284,7 +284,7 @@ pub async fn forward(
         let (pi, params) = match held.take() {
             Some(h) => h,
             None => match prefill(
-                &node,
+                &path,
                 &parsed,
                 &pre_profile,
                 &prefills,
@@ -297,11 +297,8 @@ pub async fn forward(
                 Ok(x) => x,
                 Err(PrefillEnd::Client(resp)) => return Ok(resp),
                 Err(PrefillEnd::Failed(why)) => {
-                    crate::decisions::note_end(
-                        node.as_ref(),
-                        record,
-                        format!("every prefill replica failed ({why})"),
-                    );
+                    path.records()
+                        .note_end(record, format!("every prefill replica failed ({why})"));
                     let mut e =
                         ApiError::upstream(format!("every prefill replica tried failed ({why})"));
                     e.replica = prefills.last().map(|t| t.replica.name.clone());
@@ -322,7 +319,7 @@ pub async fn forward(
         let started = Instant::now();
         // The decode stage carries the trace (P/D's prefill stage has no span of its own).
         match send(
-            &node,
+            &path,
             &parsed,
             &profile,
             std::slice::from_ref(d),
@@ -340,11 +337,11 @@ pub async fn forward(
                         ..d.routed.clone()
                     };
                     lifecycle::remember_prefix(
-                        &node.prefix,
+                        &path.prefix,
                         d.replica.as_ref(),
                         &profile,
                         &whole,
-                        node.cfg.prefix.block_tokens,
+                        path.cfg.prefix.block_tokens,
                     );
                 }
                 let planned = k == 0 && pi == 0;
@@ -355,7 +352,7 @@ pub async fn forward(
                     } else {
                         0.0
                     };
-                    node.pd_links.observe(
+                    path.pd_links.observe(
                         prefills[pi].routed.learn.key,
                         d.routed.learn.key,
                         plan.transfer_tokens,
@@ -367,7 +364,7 @@ pub async fn forward(
                     PREFILL_REPLICA_HEADER,
                     super::replica_header(&prefills[pi].replica),
                 );
-                if node.cfg.prediction_headers {
+                if path.cfg.prediction_headers {
                     pair_headers(h, &plan, planned);
                 }
                 return Ok(out);
@@ -385,7 +382,7 @@ pub async fn forward(
             }
         }
     }
-    all_failed(&node, record, last_reason, last_error, decodes.last())
+    all_failed(&path, record, last_reason, last_error, decodes.last())
 }
 
 /// The pair's forecast in the prediction headers (the planned pair's; a retried

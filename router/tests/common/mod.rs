@@ -266,7 +266,7 @@ pub async fn mock(model: &str) -> Mock {
 
 pub struct TestRouter {
     pub addr: SocketAddr,
-    pub node: Arc<Node>,
+    pub node: Node,
     cancel: CancellationToken,
 }
 
@@ -325,14 +325,14 @@ pub async fn router(
     let cancel = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let node = Node::start(cfg, cancel.child_token()).unwrap();
-    let n = node.clone();
+    let node = Node::start(cfg, cancel.child_token()).await.unwrap();
+    let n = node.path.clone();
     let c = cancel.clone();
     tokio::spawn(async move { headroom::server::serve(n, listener, c).await.ok() });
     // Ready: every replica healthy and its models known.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let all = node.fleet.replicas();
+        let all = node.path.fleet.replicas();
         if all
             .iter()
             .all(|r| r.health.routable() && r.models.load().known)

@@ -1,0 +1,212 @@
+//! The request path: what a request needs to be parsed, measured, admitted, decided
+//! and dispatched. Handlers and the proxy hold an `Arc<RequestPath>`.
+//!
+//! Invariants: it reads the fleet, the prefix index and the predictor's snapshot but
+//! learns nothing itself; everything a request's outcome feeds goes through
+//! [`RequestPath::outcomes`]. Built last, by [`super::Node::start`], so every handle it
+//! holds is whole from its first request.
+
+use std::{collections::HashMap, sync::Arc};
+
+use headroom_core::{admission::Gate, lifecycle::Deferrals, pd::Links};
+use headroom_predictor::SharedPredictor;
+
+use super::{Estimates, Outcomes};
+use crate::{
+    config::RouterConfig,
+    decisions::DecisionRing,
+    error::ApiError,
+    fleet::{Fleet, kv_feed::KvFeeds},
+    metrics::Metrics,
+    policy::Policy,
+    prefix::PrefixIndex,
+    request::{Endpoint, ParsedRequest, PromptInput},
+    tenant::Tenants,
+    tokens::{self, PromptShape, Tokenizer},
+};
+
+pub struct RequestPath {
+    pub cfg: Arc<RouterConfig>,
+    pub fleet: Arc<Fleet>,
+    pub prefix: Arc<PrefixIndex>,
+    /// The engines' KV events, for replicas that publish them.
+    pub kv: Arc<KvFeeds>,
+    pub policy: Box<dyn Policy>,
+    /// The predictor's latest snapshot (the trainer publishes it).
+    pub predictor: Arc<SharedPredictor>,
+    /// Counters and histograms of the request's steps (decision time, fallbacks,
+    /// admission, retries, upstream errors).
+    pub metrics: Arc<Metrics>,
+    /// The tenant table (swapped whole on `SIGHUP`).
+    pub tenants: Arc<Tenants>,
+    /// Requests currently deferred (bounded by `slo.max_deferred`).
+    pub deferred: Arc<Deferrals>,
+    /// The admission gate (tenants' rates, concurrency, shares and queue).
+    pub gate: Arc<Gate>,
+    /// The prefill→decode links' KV transfer times, learned from measured transfers.
+    pub pd_links: Links,
+    /// Output lengths and bytes per token, learned from finished requests.
+    pub estimates: Arc<Estimates>,
+    /// Where a request's notes and its outcome go.
+    pub outcomes: Arc<Outcomes>,
+    /// Decisions made so far (each seeded decision draws from its own stream).
+    decisions: std::sync::atomic::AtomicU64,
+    tokenizers: HashMap<String, Tokenizer>,
+    /// Long prompts are tokenized on the blocking pool, at most this many at once, so a
+    /// burst of them neither stalls the async workers nor grows an unbounded queue.
+    tokenize_slots: tokio::sync::Semaphore,
+}
+
+/// Text prompts at least this long (bytes) are tokenized off the async workers: BPE
+/// costs ≈ 0.04 ms per KB, so 16 KB holds a worker ≈ 0.6 ms, long enough to delay
+/// every stream it carries.
+pub const OFFLOAD_TOKENIZE_BYTES: usize = 16 * 1024;
+
+/// The same bound for a Hugging Face tokenizer (`hf:`): on the tiny model's byte-level
+/// BPE it cost ≈ 6× cl100k per byte (dev build: 110 vs 19 ms per 16 KB), plus the chat
+/// template's render, so it leaves the workers at an eighth of the size.
+pub const OFFLOAD_HF_TOKENIZE_BYTES: usize = 2 * 1024;
+
+/// What [`RequestPath::new`] is built from (the assembly in [`super::Node::start`]).
+pub(super) struct Parts {
+    pub cfg: Arc<RouterConfig>,
+    pub fleet: Arc<Fleet>,
+    pub kv: Arc<KvFeeds>,
+    pub policy: Box<dyn Policy>,
+    pub predictor: Arc<SharedPredictor>,
+    pub tenants: Arc<Tenants>,
+    pub tokenizers: HashMap<String, Tokenizer>,
+    pub estimates: Arc<Estimates>,
+    pub outcomes: Arc<Outcomes>,
+}
+
+impl RequestPath {
+    pub(super) fn new(p: Parts) -> Self {
+        let cfg = p.cfg;
+        Self {
+            deferred: Deferrals::new(),
+            gate: Gate::new(cfg.admission.gate()),
+            pd_links: Links::new(cfg.pd.link_model()),
+            decisions: Default::default(),
+            prefix: p.fleet.prefix.clone(),
+            metrics: p.fleet.metrics.clone(),
+            fleet: p.fleet,
+            kv: p.kv,
+            policy: p.policy,
+            predictor: p.predictor,
+            tenants: p.tenants,
+            tokenizers: p.tokenizers,
+            estimates: p.estimates,
+            outcomes: p.outcomes,
+            tokenize_slots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            ),
+            cfg,
+        }
+    }
+
+    /// The decision records (held by the outcome sink, which closes them).
+    pub fn records(&self) -> &DecisionRing {
+        &self.outcomes.decision_records
+    }
+
+    /// Token count and prefix blocks of a request's prompt; with KV events followed,
+    /// also its exact token ids (token-id prompts, a chat template, or a completions
+    /// text prompt through the model's own tokenizer).
+    pub fn shape(&self, req: &ParsedRequest) -> PromptShape {
+        let block = self.cfg.prefix.block_tokens as usize;
+        let max_blocks = self.cfg.prefix.max_blocks_per_request;
+        let keep = self.kv.active();
+        let exact = |ids: Vec<u32>| {
+            let mut s = tokens::shape_of_ids(&ids, block, max_blocks);
+            if keep {
+                s.ids = Some(ids.into());
+            }
+            s
+        };
+        match &req.prompt {
+            PromptInput::Ids(ids) => {
+                let mut s = tokens::shape_of_ids(ids, block, max_blocks);
+                if keep {
+                    s.ids = Some(ids.as_slice().into());
+                }
+                s
+            }
+            PromptInput::Text(t) => {
+                let tok = self
+                    .tokenizers
+                    .get(&req.model)
+                    .unwrap_or(&Tokenizer::Estimate);
+                // The model's chat template renders the exact prompt (what the engine
+                // sees), so no per-message allowance applies then.
+                if req.endpoint == Endpoint::ChatCompletions {
+                    if let Some(ids) = tokens::ids_of_chat(tok, &req.upstream_body) {
+                        return exact(ids);
+                    }
+                } else if let Some(ids) = tokens::ids_of_text(tok, t) {
+                    return exact(ids);
+                }
+                let ratio = self.estimates.text_ratio(&req.model);
+                let mut s = tokens::shape_of_text(tok, t, block, max_blocks, ratio);
+                // Chat templates add a few tokens per message.
+                s.tokens = s.tokens.saturating_add(4 * req.messages as u32);
+                s
+            }
+        }
+    }
+
+    pub async fn shape_off_worker(
+        self: &Arc<Self>,
+        req: ParsedRequest,
+    ) -> Result<(ParsedRequest, PromptShape), ApiError> {
+        let long_bpe = match &req.prompt {
+            PromptInput::Text(t) => match self.tokenizers.get(&req.model) {
+                Some(Tokenizer::Bpe(_)) => t.len() >= OFFLOAD_TOKENIZE_BYTES,
+                Some(Tokenizer::Hf(_)) => t.len() >= OFFLOAD_HF_TOKENIZE_BYTES,
+                _ => false,
+            },
+            PromptInput::Ids(_) => false,
+        };
+        if !long_bpe {
+            let shape = self.shape(&req);
+            return Ok((req, shape));
+        }
+        // The semaphore is never closed; if it were, going ahead without a slot is fine.
+        let _slot = self.tokenize_slots.acquire().await.ok();
+        let path = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let shape = path.shape(&req);
+            (req, shape)
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("could not measure the prompt: {e}"),
+            )
+        })
+    }
+
+    /// The random source of the next decision (ties, sampling, exploration): from
+    /// `seed` and the decision's number when `seed` is set, so a node replaying the same
+    /// requests in the same order decides the same way; from entropy otherwise.
+    pub fn decision_rng(&self) -> rand::rngs::SmallRng {
+        use rand::SeedableRng;
+        let n = self
+            .decisions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match self.cfg.seed {
+            0 => rand::rngs::SmallRng::from_rng(&mut rand::rng()),
+            seed => {
+                rand::rngs::SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            }
+        }
+    }
+
+    /// Expected output tokens (see [`headroom_core::output::OutputEstimator`]).
+    pub fn expected_output(&self, req: &ParsedRequest) -> u32 {
+        self.estimates
+            .output(&req.model, req.max_tokens, req.ignore_eos)
+    }
+}
