@@ -706,4 +706,17 @@ mod tests {
         assert_eq!(cfg.scrape.interval_ms, 100);
         assert!(toml::from_str::<RouterConfig>("nonsense = 1").is_err());
     }
+
+    /// `[pd] connector`: NIXL by default, the shared-storage flow by name, anything
+    /// else refused when the file is read.
+    #[test]
+    fn the_kv_connector_is_named_or_refused() {
+        use headroom_core::pd::KvConnector;
+        let cfg: RouterConfig = toml::from_str("").unwrap();
+        assert_eq!(cfg.pd.connector, KvConnector::Nixl);
+        let cfg: RouterConfig = toml::from_str("[pd]\nconnector = \"shared-storage\"").unwrap();
+        assert_eq!(cfg.pd.connector, KvConnector::SharedStorage);
+        let e = toml::from_str::<RouterConfig>("[pd]\nconnector = \"lmcache\"").unwrap_err();
+        assert!(e.to_string().contains("nixl"), "{e}");
+    }
 }

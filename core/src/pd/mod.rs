@@ -61,6 +61,22 @@ pub struct PdConfig {
     pub link_latency_ms: f64,
     /// Weight of each measured transfer in its link's correction (0..1].
     pub link_learning_rate: f64,
+    /// How the engines move the KV from P to D.
+    pub connector: KvConnector,
+}
+
+/// The engines' KV connector, which decides what the two stages' requests carry.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvConnector {
+    /// vLLM's NixlConnector: P gets `kv_transfer_params: {"do_remote_decode": true}`
+    /// and answers with the params D needs to pull the KV; D gets them.
+    #[default]
+    Nixl,
+    /// vLLM's shared-storage connector (`ExampleConnector`, `kv_both` on one path): P
+    /// stores the prompt's KV as it prefills, D finds it by the prompt's hash. Neither
+    /// request carries `kv_transfer_params`.
+    SharedStorage,
 }
 
 impl Default for PdConfig {
@@ -72,6 +88,7 @@ impl Default for PdConfig {
             link_gbytes_per_s: 10.0,
             link_latency_ms: 1.0,
             link_learning_rate: 0.2,
+            connector: KvConnector::Nixl,
         }
     }
 }

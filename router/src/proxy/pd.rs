@@ -34,7 +34,7 @@ use rand::Rng;
 use serde_json::{Value, json};
 
 use headroom_core::{
-    pd::{self, PdInputs, PdPlan},
+    pd::{self, KvConnector, PdInputs, PdPlan},
     policy::Fallback,
     view::Role,
 };
@@ -86,21 +86,24 @@ pub fn choose(
     Ok(Some((plan, replicas)))
 }
 
-/// The prefill stage's body: one token, not streamed, asking P to keep the KV.
-pub fn prefill_body(client: &Value) -> Value {
+/// The prefill stage's body: one token, not streamed, asking P to keep the KV (with
+/// the NixlConnector; a shared-storage P stores it unasked).
+pub fn prefill_body(client: &Value, connector: KvConnector) -> Value {
     let mut v = client.clone();
     if let Some(o) = v.as_object_mut() {
-        o.insert(
-            "kv_transfer_params".into(),
-            json!({
-                "do_remote_decode": true,
-                "do_remote_prefill": false,
-                "remote_engine_id": null,
-                "remote_block_ids": null,
-                "remote_host": null,
-                "remote_port": null,
-            }),
-        );
+        if connector == KvConnector::Nixl {
+            o.insert(
+                "kv_transfer_params".into(),
+                json!({
+                    "do_remote_decode": true,
+                    "do_remote_prefill": false,
+                    "remote_engine_id": null,
+                    "remote_block_ids": null,
+                    "remote_host": null,
+                    "remote_port": null,
+                }),
+            );
+        }
         o.insert("stream".into(), Value::Bool(false));
         o.remove("stream_options");
         o.remove("min_tokens");
@@ -112,10 +115,13 @@ pub fn prefill_body(client: &Value) -> Value {
     v
 }
 
-/// The decode stage's body: the client's, with P's `kv_transfer_params`.
+/// The decode stage's body: the client's, with P's `kv_transfer_params` (none with a
+/// shared-storage connector: `params` is null).
 pub fn decode_body(client: &Value, params: &Value) -> Value {
     let mut v = client.clone();
-    if let Some(o) = v.as_object_mut() {
+    if let Some(o) = v.as_object_mut()
+        && !params.is_null()
+    {
         o.insert("kv_transfer_params".into(), params.clone());
     }
     v
@@ -156,6 +162,7 @@ async fn prefill(
     record: Option<u64>,
 ) -> Result<(usize, Value), PrefillEnd> {
     let mut last = "no prefill replica";
+    let connector = path.cfg.pd.connector;
     for (i, t) in prefills.iter().enumerate() {
         if failed.contains(&i) {
             continue;
@@ -201,11 +208,17 @@ async fn prefill(
             }
             Ok((_, _, bytes)) => {
                 let v: Option<Value> = serde_json::from_slice(&bytes).ok();
-                match v
-                    .as_ref()
-                    .and_then(|v| v.get("kv_transfer_params"))
-                    .filter(|p| p.is_object())
-                {
+                // With a shared-storage connector D finds the KV by the prompt's hash:
+                // any JSON answer is a done prefill, and D gets no params.
+                let params = match connector {
+                    KvConnector::Nixl => v
+                        .as_ref()
+                        .and_then(|v| v.get("kv_transfer_params"))
+                        .filter(|p| p.is_object())
+                        .cloned(),
+                    KvConnector::SharedStorage => v.as_ref().map(|_| Value::Null),
+                };
+                match params {
                     None => "no_kv_transfer_params",
                     Some(params) => {
                         let now_s = clock::now_s();
@@ -236,7 +249,7 @@ async fn prefill(
                         );
                         r.health
                             .on_success(Signal::Request, clock::now_ms(), &path.cfg.health);
-                        return Ok((i, params.clone()));
+                        return Ok((i, params));
                     }
                 }
             }
@@ -271,7 +284,7 @@ pub async fn forward(
     }
     let client: Value = serde_json::from_slice(&parsed.upstream_body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
-    let pre_body = to_bytes(&prefill_body(&client));
+    let pre_body = to_bytes(&prefill_body(&client, path.cfg.pd.connector));
     let pre_profile = pd::prefill_profile(&profile);
     let prefills = targets(&replicas, &plan.prefill);
     let decodes = targets(&replicas, &plan.decode);
@@ -422,7 +435,7 @@ mod tests {
             "max_completion_tokens": 64, "max_tokens": 64, "min_tokens": 8,
             "stream": true, "stream_options": {"include_usage": true},
         });
-        let p = prefill_body(&client);
+        let p = prefill_body(&client, KvConnector::Nixl);
         assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
         assert_eq!(p["kv_transfer_params"]["do_remote_prefill"], false);
         assert!(p["kv_transfer_params"]["remote_engine_id"].is_null());
@@ -441,5 +454,14 @@ mod tests {
         let mut back = d.clone();
         back.as_object_mut().unwrap().remove("kv_transfer_params");
         assert_eq!(back, client);
+        // Shared storage: one token and not streamed, but no params either way (D finds
+        // the KV by the prompt's hash).
+        let p = prefill_body(&client, KvConnector::SharedStorage);
+        assert!(p.get("kv_transfer_params").is_none());
+        assert_eq!(
+            (p["max_tokens"].clone(), p["stream"].clone()),
+            (json!(1), json!(false))
+        );
+        assert_eq!(decode_body(&client, &Value::Null), client);
     }
 }
