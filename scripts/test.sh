@@ -12,3 +12,4 @@ echo "== tests";  cargo test --workspace
 echo "== deploy"; deploy/check.sh
 echo "== openai client"; scripts/py/test-openai-client.sh
 echo "== real vLLM (installs vLLM's CPU build into ~/.cache/headroom once)"; scripts/vllm/test-real.sh
+echo "== real vLLM prefill/decode pair"; scripts/vllm/pd-check.sh
