@@ -13,7 +13,11 @@ use headroom_gossip::wire::{self, HARD_MAX_VALUE_BYTES, Value};
 use std::hint::black_box;
 
 fn payload(n: usize) -> Value {
-    Value::new(2, 0, (0..n).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>())
+    Value::new(
+        2,
+        0,
+        (0..n).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>(),
+    )
 }
 
 fn bench(c: &mut Criterion) {

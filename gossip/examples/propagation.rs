@@ -221,21 +221,25 @@ struct Row {
 
 /// One replica's scrape as the router shares it, varied by `tick`.
 fn scrape(replica: u64, tick: u64) -> Value {
-    Value::new(3, 1, archive(&Scrape {
-        replica,
-        url: format!("http://10.0.{}.{}:8000", replica / 250, replica % 250),
-        running: ((replica + tick * 7) % 40) as u32,
-        waiting: ((replica * 3 + tick) % 5) as u32,
-        kv_usage: Some(((replica + tick * 13) % 100) as f32 / 100.0),
-        engine: 0,
-        num_gpu_blocks: Some(27_000),
-        block_size: Some(16),
-        prefix_hits: tick * 4_000 + replica,
-        prefix_queries: tick * 9_000 + replica,
-        preemptions: tick / 50,
-        scraped_at_ms: 1_764_900_000_000 + tick * 1_000,
-        healthy: true,
-    }))
+    Value::new(
+        3,
+        1,
+        archive(&Scrape {
+            replica,
+            url: format!("http://10.0.{}.{}:8000", replica / 250, replica % 250),
+            running: ((replica + tick * 7) % 40) as u32,
+            waiting: ((replica * 3 + tick) % 5) as u32,
+            kv_usage: Some(((replica + tick * 13) % 100) as f32 / 100.0),
+            engine: 0,
+            num_gpu_blocks: Some(27_000),
+            block_size: Some(16),
+            prefix_hits: tick * 4_000 + replica,
+            prefix_queries: tick * 9_000 + replica,
+            preemptions: tick / 50,
+            scraped_at_ms: 1_764_900_000_000 + tick * 1_000,
+            healthy: true,
+        }),
+    )
 }
 
 /// Publishes every replica's scrape from its owner node every `every`, until stopped.

@@ -480,12 +480,7 @@ impl Mesh {
     }
 }
 
-async fn set_value(
-    c: &Cluster,
-    key: &str,
-    value: &Value,
-    cap: usize,
-) -> Result<usize, MeshError> {
+async fn set_value(c: &Cluster, key: &str, value: &Value, cap: usize) -> Result<usize, MeshError> {
     validate_key(key)?;
     let text = wire::encode_text(value, now_ms(), cap)?;
     let len = text.len();

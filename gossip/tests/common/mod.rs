@@ -10,9 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use headroom_gossip::{
-    FaultInjector, KindPolicy, Mesh, MeshConfig, MeshEvent, TlsIdentity, Value,
-};
+use headroom_gossip::{FaultInjector, KindPolicy, Mesh, MeshConfig, MeshEvent, TlsIdentity, Value};
 use tokio::sync::mpsc;
 
 pub const INTERVAL: Duration = Duration::from_millis(100);
