@@ -12,6 +12,9 @@
 //! scrape is published every `--scrape-ms` by one node (its first owner, as
 //! `mesh.scrape_publish_ms` has the router do), with values that change each time.
 //! `--raw` sends gossip frames uncompressed (`MeshConfig::compress_frames` off).
+//!
+//! The mesh carries opaque values; the payloads here are rkyv archives of stand-ins with
+//! the router's layouts (`router/src/mesh/schema.rs`), so sizes and compression match.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
-use headroom_gossip::{Mesh, MeshConfig, MeshEvent, MeshStats, TlsIdentity, WireValue, wire};
+use headroom_gossip::{Mesh, MeshConfig, MeshEvent, MeshStats, TlsIdentity, Value};
+use rkyv::{Archive, Serialize};
 use tokio::sync::mpsc;
 
 struct Args {
@@ -82,25 +86,97 @@ fn parse_args() -> Result<Args> {
 /// What one node's event reader saw: (node index, datagram?, seq, when).
 type Arrival = (usize, bool, u64, Instant);
 
-fn vector(seq: u64, replicas: usize) -> WireValue {
-    WireValue::Inflight(wire::InflightVector {
-        seq,
-        at_ms: seq,
-        loads: (0..replicas as u64)
-            .map(|r| wire::ReplicaLoad {
-                replica: r,
-                requests: (seq % 7) as u32,
-                queued_prefill_tokens: 2048,
-                decoding_requests: 3,
-                decode_context_tokens: 9000,
-                prefill_inflow_tps: 1200.0,
-                queued_requests: 0,
-                queued_attention_pairs: 0.0,
-                decode_remaining_tokens: 0,
-                min_tpot_slo_ms: 0.0,
-            })
-            .collect(),
-    })
+/// The router's `ReplicaLoad` layout.
+#[derive(Archive, Serialize, rkyv::Deserialize)]
+struct Load {
+    replica: u64,
+    requests: u32,
+    queued_prefill_tokens: u32,
+    decoding_requests: u32,
+    decode_context_tokens: u32,
+    prefill_inflow_tps: f32,
+    queued_requests: u32,
+    queued_attention_pairs: f32,
+    decode_remaining_tokens: u32,
+    min_tpot_slo_ms: f32,
+}
+
+/// The router's `InflightVector` layout.
+#[derive(Archive, Serialize, rkyv::Deserialize)]
+struct Vector {
+    seq: u64,
+    at_ms: u64,
+    loads: Vec<Load>,
+}
+
+/// The router's `ReplicaScrape` layout.
+#[derive(Archive, Serialize)]
+struct Scrape {
+    replica: u64,
+    url: String,
+    engine: u8,
+    running: u32,
+    waiting: u32,
+    kv_usage: Option<f32>,
+    num_gpu_blocks: Option<u32>,
+    block_size: Option<u32>,
+    prefix_hits: u64,
+    prefix_queries: u64,
+    preemptions: u64,
+    scraped_at_ms: u64,
+    healthy: bool,
+}
+
+fn archive<T>(v: &T) -> Vec<u8>
+where
+    T: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                rkyv::util::AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    rkyv::to_bytes::<rkyv::rancor::Error>(v)
+        .expect("archive")
+        .to_vec()
+}
+
+fn vector(seq: u64, replicas: usize) -> Value {
+    Value::new(
+        2,
+        0,
+        archive(&Vector {
+            seq,
+            at_ms: seq,
+            loads: (0..replicas as u64)
+                .map(|r| Load {
+                    replica: r,
+                    requests: (seq % 7) as u32,
+                    queued_prefill_tokens: 2048,
+                    decoding_requests: 3,
+                    decode_context_tokens: 9000,
+                    prefill_inflow_tps: 1200.0,
+                    queued_requests: 0,
+                    queued_attention_pairs: 0.0,
+                    decode_remaining_tokens: 0,
+                    min_tpot_slo_ms: 0.0,
+                })
+                .collect(),
+        }),
+    )
+}
+
+/// The `seq` of a [`vector`] value.
+fn vector_seq(v: &Value) -> Option<u64> {
+    if v.kind != 2 {
+        return None;
+    }
+    let mut a: rkyv::util::AlignedVec<16> = rkyv::util::AlignedVec::new();
+    a.extend_from_slice(&v.payload);
+    rkyv::from_bytes::<Vector, rkyv::rancor::Error>(&a)
+        .ok()
+        .map(|v| v.seq)
 }
 
 /// Process CPU time (user + system) from /proc/self/stat, in seconds (100 ticks/s).
@@ -144,21 +220,26 @@ struct Row {
 }
 
 /// One replica's scrape as the router shares it, varied by `tick`.
-fn scrape(replica: u64, tick: u64) -> WireValue {
-    WireValue::Scrape(wire::ReplicaScrape {
-        replica,
-        url: format!("http://10.0.{}.{}:8000", replica / 250, replica % 250),
-        running: ((replica + tick * 7) % 40) as u32,
-        waiting: ((replica * 3 + tick) % 5) as u32,
-        kv_usage: ((replica + tick * 13) % 100) as f32 / 100.0,
-        num_gpu_blocks: 27_000,
-        block_size: 16,
-        prefix_hits: tick * 4_000 + replica,
-        prefix_queries: tick * 9_000 + replica,
-        preemptions: tick / 50,
-        scraped_at_ms: 1_764_900_000_000 + tick * 1_000,
-        healthy: true,
-    })
+fn scrape(replica: u64, tick: u64) -> Value {
+    Value::new(
+        3,
+        1,
+        archive(&Scrape {
+            replica,
+            url: format!("http://10.0.{}.{}:8000", replica / 250, replica % 250),
+            running: ((replica + tick * 7) % 40) as u32,
+            waiting: ((replica * 3 + tick) % 5) as u32,
+            kv_usage: Some(((replica + tick * 13) % 100) as f32 / 100.0),
+            engine: 0,
+            num_gpu_blocks: Some(27_000),
+            block_size: Some(16),
+            prefix_hits: tick * 4_000 + replica,
+            prefix_queries: tick * 9_000 + replica,
+            preemptions: tick / 50,
+            scraped_at_ms: 1_764_900_000_000 + tick * 1_000,
+            healthy: true,
+        }),
+    )
 }
 
 /// Publishes every replica's scrape from its owner node every `every`, until stopped.
@@ -218,12 +299,7 @@ async fn run(
     for (i, m) in nodes.iter().enumerate() {
         m.publish(
             "info",
-            &WireValue::NodeInfo(wire::NodeInfo {
-                region: "bench".into(),
-                http_addr: format!("127.0.0.1:{}", 8000 + i),
-                started_at_ms: 0,
-                version: "bench".into(),
-            }),
+            &Value::new(1, 0, format!("bench 127.0.0.1:{} 0 bench", 8000 + i)),
         )
         .await?;
         m.publish("inflight", &vector(0, 16)).await?;
@@ -286,15 +362,10 @@ async fn run(
         readers.push(tokio::spawn(async move {
             while let Some(ev) = events.recv().await {
                 let hit = match ev {
-                    MeshEvent::Value {
-                        key,
-                        value: WireValue::Inflight(v),
-                        ..
-                    } if key == "probe" => Some((false, v.seq)),
-                    MeshEvent::Datagram {
-                        value: WireValue::Inflight(v),
-                        ..
-                    } => Some((true, v.seq)),
+                    MeshEvent::Value { key, value, .. } if key == "probe" => {
+                        vector_seq(&value).map(|s| (false, s))
+                    }
+                    MeshEvent::Datagram { value, .. } => vector_seq(&value).map(|s| (true, s)),
                     _ => None,
                 };
                 if let Some((dg, seq)) = hit

@@ -8,7 +8,7 @@ use crate::error::MeshError;
 use crate::fault::FaultInjector;
 use crate::seeds::SeedResolver;
 use crate::tls::{TlsIdentity, validate_node_id};
-use crate::wire::HARD_MAX_VALUE_BYTES;
+use crate::wire::{HARD_MAX_VALUE_BYTES, KindPolicies};
 
 /// Failure-detector settings (chitchat's phi-accrual detector: a member is dead once the
 /// time since its last heartbeat exceeds `phi_threshold` × the smoothed mean heartbeat
@@ -36,8 +36,9 @@ impl FailureDetection {
     }
 }
 
-/// The low-rate cross-region cluster (`<cluster_id>/global`): it carries only
-/// `RegionSummary` and `PredictorSlot` values.
+/// The low-rate cross-region cluster (`<cluster_id>/global`): it carries only the kinds
+/// whose [`crate::KindPolicy::crosses_regions`] is set (the router's region summaries and
+/// predictor slots).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CrossRegion {
     pub enabled: bool,
@@ -91,6 +92,9 @@ pub struct MeshConfig {
     /// Send gossip frames zstd-compressed (receivers always accept both). Off only
     /// while upgrading a mesh from nodes that predate compressed frames.
     pub compress_frames: bool,
+    /// What the mesh does per value kind (measurement, cross-region); the user's schema
+    /// sets it. Unset kinds: regional only, kept alive by the refresher.
+    pub kinds: KindPolicies,
     /// Test hook: a shared partition table.
     pub fault: Option<FaultInjector>,
     /// Seed hostname resolver; `None` uses the system resolver.
@@ -139,6 +143,7 @@ impl MeshConfig {
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
             compress_frames: true,
+            kinds: KindPolicies::default(),
             fault: None,
             resolver: None,
         }

@@ -19,8 +19,8 @@ pub enum MeshError {
     BadKey(String, &'static str),
     #[error(transparent)]
     Encode(#[from] EncodeError),
-    #[error("{0:?} values cannot be published cross-region (only summaries and predictor slots)")]
-    NotGlobal(crate::wire::WireKind),
+    #[error("values of kind {0} cannot be published cross-region (its policy keeps it regional)")]
+    NotGlobal(u8),
     #[error("the cross-region cluster is disabled in this node's configuration")]
     CrossRegionDisabled,
     #[error("datagram of {size} bytes exceeds the {max}-byte limit")]

@@ -13,14 +13,14 @@ use tokio::sync::mpsc;
 
 use crate::skew::Skew;
 use crate::stats::Counters;
-use crate::wire::WireValue;
+use crate::wire::Value;
 
 /// Which chitchat cluster a value or member belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {
     /// This node's region: full state.
     Region,
-    /// The cross-region cluster: only summaries and predictor slots.
+    /// The cross-region cluster: only kinds whose policy lets them cross regions.
     Global,
 }
 
@@ -34,7 +34,7 @@ pub enum MeshEvent {
         node: Arc<str>,
         scope: Scope,
         key: String,
-        value: WireValue,
+        value: Value,
         age: Duration,
     },
     /// A peer's key was deleted or expired (TTL).
@@ -56,7 +56,7 @@ pub enum MeshEvent {
     /// A QUIC datagram from a peer (fast, loss-tolerant path; see `Mesh::broadcast_datagram`).
     Datagram {
         node: Arc<str>,
-        value: WireValue,
+        value: Value,
         /// Time in flight beyond the fastest datagram from this peer (skew removed).
         age: Duration,
     },

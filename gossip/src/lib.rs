@@ -1,7 +1,9 @@
 //! Headroom's mesh: chitchat (scuttlebutt) state over QUIC with mutual TLS.
 //!
 //! - [`Mesh`] — start a node, publish typed values, subscribe to changes, list members.
-//! - [`wire`] — the typed, versioned values (rkyv, validated on receipt).
+//! - [`wire`] — the values it carries: opaque payloads tagged with a kind and the kind's
+//!   schema version ([`Value`]); the schema and its codec belong to the user (the router),
+//!   which sets each kind's [`KindPolicy`] (measurement, cross-region) in [`MeshConfig`].
 //! - [`write_dev_certs`] / [`TlsIdentity`] — cluster CA and node certificates.
 //! - [`FaultInjector`] — drop traffic between groups of nodes (tests, chaos drills).
 //!
@@ -35,4 +37,4 @@ pub use seeds::{DnsResolver, SeedResolver};
 pub use stats::MeshStats;
 pub use tls::{TlsError, TlsIdentity};
 pub use transport::MAX_DATAGRAM_PAYLOAD;
-pub use wire::{WireValue, replica_key};
+pub use wire::{KindPolicies, KindPolicy, Value};

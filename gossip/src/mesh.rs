@@ -31,7 +31,7 @@ use crate::tls::transport_config;
 use crate::transport::frame::Channel;
 use crate::transport::socket::QuicTransport;
 use crate::transport::{MAX_DATAGRAM_PAYLOAD, Outgoing, Transport, TransportSettings};
-use crate::wire::{self, WireValue};
+use crate::wire::{self, KindPolicies, Value};
 
 /// One chitchat cluster this node belongs to.
 struct Cluster {
@@ -40,7 +40,7 @@ struct Cluster {
     _listener: ListenerHandle,
     value_ttl: Duration,
     /// This node's values in the cluster: key → (value, last set), for refreshes.
-    local: Mutex<HashMap<String, (WireValue, Instant)>>,
+    local: Mutex<HashMap<String, (Value, Instant)>>,
 }
 
 /// A running mesh node. Cheap to share behind an `Arc`; call [`Mesh::shutdown`] to stop.
@@ -54,6 +54,7 @@ pub struct Mesh {
     hub: Arc<EventHub>,
     counters: Arc<Counters>,
     max_value_bytes: usize,
+    kinds: KindPolicies,
     event_buffer: usize,
     cancel: CancellationToken,
     tracker: TaskTracker,
@@ -242,7 +243,13 @@ impl Mesh {
                 value_ttl: ttl,
                 local: Mutex::new(HashMap::new()),
             });
-            spawn_refresher(&tracker, &cancel, cluster.clone(), cfg.max_value_bytes);
+            spawn_refresher(
+                &tracker,
+                &cancel,
+                cluster.clone(),
+                cfg.max_value_bytes,
+                cfg.kinds,
+            );
             if !seeds.names.is_empty() {
                 spawn_seed_refresh(
                     &tracker,
@@ -276,6 +283,7 @@ impl Mesh {
             hub,
             counters,
             max_value_bytes: cfg.max_value_bytes,
+            kinds: cfg.kinds,
             event_buffer: cfg.event_buffer,
             cancel,
             tracker,
@@ -296,17 +304,19 @@ impl Mesh {
     }
 
     /// Publishes this node's `key` in its region. The mesh keeps it alive (refreshes)
-    /// until [`Mesh::remove`] or shutdown, unless it is a measurement
-    /// ([`WireValue::is_measurement`]), which expires at the TTL unless published again. Returns the value's size in chitchat (base64
-    /// text bytes), for callers that account their bandwidth.
-    pub async fn publish(&self, key: &str, value: &WireValue) -> Result<usize, MeshError> {
+    /// until [`Mesh::remove`] or shutdown, unless its kind is a measurement
+    /// ([`crate::KindPolicy::measurement`]), which expires at the TTL unless published
+    /// again. Returns the value's size in chitchat (base64 text bytes), for callers that
+    /// account their bandwidth.
+    pub async fn publish(&self, key: &str, value: &Value) -> Result<usize, MeshError> {
         set_value(&self.regional, key, value, self.max_value_bytes).await
     }
 
-    /// Publishes a summary or predictor slot on the cross-region cluster.
-    pub async fn publish_global(&self, key: &str, value: &WireValue) -> Result<(), MeshError> {
-        if !value.kind().crosses_regions() {
-            return Err(MeshError::NotGlobal(value.kind()));
+    /// Publishes a value on the cross-region cluster; only kinds whose policy says
+    /// [`crate::KindPolicy::crosses_regions`].
+    pub async fn publish_global(&self, key: &str, value: &Value) -> Result<(), MeshError> {
+        if !self.kinds.get(value.kind).crosses_regions {
+            return Err(MeshError::NotGlobal(value.kind));
         }
         let g = self.global.as_ref().ok_or(MeshError::CrossRegionDisabled)?;
         set_value(g, key, value, self.max_value_bytes)
@@ -339,12 +349,12 @@ impl Mesh {
     /// Sends `value` as one QUIC datagram to every live regional member. Unreliable,
     /// unordered, never retransmitted: for small latest-wins vectors. Returns the number
     /// of peers it was queued for.
-    pub fn broadcast_datagram(&self, value: &WireValue) -> Result<usize, MeshError> {
+    pub fn broadcast_datagram(&self, value: &Value) -> Result<usize, MeshError> {
         let bytes = self.encode_datagram(value)?;
         Ok(self.send_datagram_bytes(bytes))
     }
 
-    fn encode_datagram(&self, value: &WireValue) -> Result<Bytes, MeshError> {
+    fn encode_datagram(&self, value: &Value) -> Result<Bytes, MeshError> {
         let max = self.max_datagram_payload();
         let bytes = wire::encode(value, now_ms(), usize::MAX)?;
         if bytes.len() > max {
@@ -470,12 +480,7 @@ impl Mesh {
     }
 }
 
-async fn set_value(
-    c: &Cluster,
-    key: &str,
-    value: &WireValue,
-    cap: usize,
-) -> Result<usize, MeshError> {
+async fn set_value(c: &Cluster, key: &str, value: &Value, cap: usize) -> Result<usize, MeshError> {
     validate_key(key)?;
     let text = wire::encode_text(value, now_ms(), cap)?;
     let len = text.len();
@@ -498,8 +503,14 @@ async fn remove_value(c: &Cluster, key: &str) {
 
 /// Re-sets this node's values before their TTL runs out (a fresh timestamp makes the
 /// value differ, so chitchat bumps its version and peers restart their TTL clock);
-/// measurements ([`WireValue::is_measurement`]) excepted: they expire at the TTL.
-fn spawn_refresher(tracker: &TaskTracker, cancel: &CancellationToken, c: Arc<Cluster>, cap: usize) {
+/// measurements ([`crate::KindPolicy::measurement`]) excepted: they expire at the TTL.
+fn spawn_refresher(
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+    c: Arc<Cluster>,
+    cap: usize,
+    kinds: KindPolicies,
+) {
     let cancel = cancel.clone();
     tracker.spawn(async move {
         let every = c.value_ttl / 6;
@@ -517,7 +528,7 @@ fn spawn_refresher(tracker: &TaskTracker, cancel: &CancellationToken, c: Arc<Clu
                 // new. Their publisher sends them again while they are news.
                 local
                     .iter_mut()
-                    .filter(|(_, (v, _))| !v.is_measurement())
+                    .filter(|(_, (v, _))| !kinds.get(v.kind).measurement)
                     .filter(|(_, (_, at))| now.duration_since(*at) >= stale_after)
                     .filter_map(|(k, (v, at))| {
                         *at = now;

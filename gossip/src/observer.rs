@@ -8,7 +8,8 @@
 //!   came back to life, so a quiet cluster costs O(nodes) per pass.
 //! - Values are reported only for live members; a member that dies gets `MemberLeft` and
 //!   its cache is cleared, so rejoining replays its current values.
-//! - A value refused by the decoder is counted once per version.
+//! - A value whose frame is refused is counted once per version; payloads are passed on
+//!   undecoded (the user decodes them).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -26,7 +27,7 @@ use crate::events::{EventHub, MemberInfo, MemberSnap, MeshEvent, Scope, try_send
 use crate::keys::{REGION_KEY, RESERVED_PREFIX};
 use crate::stats::Counters;
 use crate::transport::KnownPeers;
-use crate::wire::{self, WireValue};
+use crate::wire::{self, Value};
 
 /// Shared between the observer task and the mesh handle.
 pub(crate) struct ObserverShared {
@@ -53,7 +54,7 @@ struct NodeView {
     last_seen: Option<Instant>,
     region: Option<String>,
     /// key → (version, decoded value or None if refused)
-    keys: HashMap<String, (u64, Option<(WireValue, u64)>)>,
+    keys: HashMap<String, (u64, Option<(Value, u64)>)>,
 }
 
 pub(crate) struct Observer {

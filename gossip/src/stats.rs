@@ -15,7 +15,7 @@ pub(crate) struct Counters {
     pub datagrams_received: AtomicU64,
     pub datagram_bytes_sent: AtomicU64,
     pub datagram_bytes_received: AtomicU64,
-    pub rejected: [AtomicU64; 7],
+    pub rejected: [AtomicU64; RejectReason::ALL.len()],
     pub rejected_peers: AtomicU64,
     pub rejected_frames: AtomicU64,
     pub dropped_events: AtomicU64,
@@ -60,7 +60,8 @@ pub struct MeshStats {
     pub udp_bytes_sent: u64,
     /// UDP payload bytes received by QUIC.
     pub udp_bytes_received: u64,
-    /// Values (chitchat keys or datagrams) refused by the wire decoder, all reasons.
+    /// Values (chitchat keys or datagrams) whose frame was refused, all reasons (their
+    /// payloads are the user's to validate and count).
     pub rejected_values: u64,
     /// The same, per reason ([`RejectReason::as_str`] names).
     pub rejected_by_reason: Vec<(&'static str, u64)>,

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use headroom_gossip::{Mesh, MeshEvent, Scope, WireValue};
+use headroom_gossip::{Mesh, MeshEvent, Scope, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_converge_and_share_values() {
@@ -163,30 +163,12 @@ async fn removed_key_is_reported_and_late_subscribers_get_a_replay() {
     shutdown_all(nodes).await;
 }
 
-fn scrape(replica: u64) -> WireValue {
-    WireValue::Scrape(headroom_gossip::wire::ReplicaScrape {
-        replica,
-        url: "http://127.0.0.1:8001".into(),
-        running: 1,
-        waiting: 0,
-        kv_usage: 0.5,
-        num_gpu_blocks: 100,
-        block_size: 16,
-        prefix_hits: 10,
-        prefix_queries: 20,
-        preemptions: 0,
-        scraped_at_ms: 1,
-        healthy: true,
-    })
+fn scrape(replica: u64) -> Value {
+    Value::new(SCRAPE, 1, replica.to_le_bytes().to_vec())
 }
 
-fn summary_info() -> WireValue {
-    WireValue::NodeInfo(headroom_gossip::wire::NodeInfo {
-        region: "r1".into(),
-        http_addr: "127.0.0.1:8080".into(),
-        started_at_ms: 1,
-        version: "0.1.0".into(),
-    })
+fn summary_info() -> Value {
+    Value::new(INFO, 0, b"r1 127.0.0.1:8080".to_vec())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use headroom_gossip::wire::{PredictorSlot, StatBlock};
-use headroom_gossip::{Mesh, MeshError, MeshEvent, Scope, WireValue};
+use headroom_gossip::{Mesh, MeshError, MeshEvent, Scope, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_state_stays_in_region_and_summaries_cross() {
@@ -30,19 +29,7 @@ async fn full_state_stays_in_region_and_summaries_cross() {
     a1.publish_global("summary/a", &summary("a", 12))
         .await
         .unwrap();
-    let slot = WireValue::Predictor(PredictorSlot {
-        blocks: vec![StatBlock {
-            group: 3,
-            target: 0,
-            dim: 2,
-            a_upper: vec![1.0, 0.5, 2.0],
-            b: vec![0.1, 0.2],
-            sum_w: 10.0,
-            sum_wyy: 4.0,
-            n: 10,
-            landmark_s: 0.0,
-        }],
-    });
+    let slot = Value::new(PREDICTOR, 0, vec![7u8; 120]);
     a1.publish_global("pred/0", &slot).await.unwrap();
     assert!(matches!(
         a1.publish_global("inflight", &inflight(1, 1)).await,

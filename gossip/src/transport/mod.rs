@@ -511,7 +511,7 @@ impl Transport {
         Counters::add(&self.counters.datagrams_received, 1);
         Counters::add(&self.counters.datagram_bytes_received, bytes.len() as u64);
         let cap = self.settings.max_value_bytes.min(MAX_DATAGRAM_PAYLOAD);
-        match wire::decode(bytes, cap) {
+        match wire::decode(bytes.clone(), cap) {
             Ok(d) => self.hub.emit(MeshEvent::Datagram {
                 node: ctx.node_id.clone(),
                 value: d.value,

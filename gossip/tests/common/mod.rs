@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use headroom_gossip::{FaultInjector, Mesh, MeshConfig, MeshEvent, TlsIdentity, WireValue, wire};
+use headroom_gossip::{FaultInjector, KindPolicy, Mesh, MeshConfig, MeshEvent, TlsIdentity, Value};
 use tokio::sync::mpsc;
 
 pub const INTERVAL: Duration = Duration::from_millis(100);
@@ -43,6 +43,28 @@ pub fn config(
         headroom_gossip::FailureDetection::for_interval(Duration::from_millis(200));
     cfg.fault = fault.cloned();
     cfg.connect_timeout = Duration::from_millis(500);
+    cfg.kinds
+        .set(
+            SCRAPE,
+            KindPolicy {
+                measurement: true,
+                crosses_regions: false,
+            },
+        )
+        .set(
+            SUMMARY,
+            KindPolicy {
+                measurement: false,
+                crosses_regions: true,
+            },
+        )
+        .set(
+            PREDICTOR,
+            KindPolicy {
+                measurement: false,
+                crosses_regions: true,
+            },
+        );
     cfg
 }
 
@@ -116,35 +138,27 @@ pub async fn next_matching(
     }
 }
 
-pub fn summary(region: &str, replicas: u32) -> WireValue {
-    WireValue::Summary(wire::RegionSummary {
-        region: region.into(),
-        routers: 1,
-        replicas,
-        healthy_replicas: replicas,
-        free_kv_fraction: 0.5,
-        in_flight: 3.0,
-        at_ms: 1,
-    })
+/// Test kinds (the mesh does not read payloads; these tests set their own policies).
+pub const INFO: u8 = 1;
+pub const INFLIGHT: u8 = 2;
+pub const SCRAPE: u8 = 3;
+pub const PREDICTOR: u8 = 5;
+pub const SUMMARY: u8 = 6;
+
+/// A stand-in for a region summary (cross-region kind), about its size.
+pub fn summary(region: &str, replicas: u32) -> Value {
+    let mut p = region.as_bytes().to_vec();
+    p.extend_from_slice(&replicas.to_le_bytes());
+    p.resize(p.len() + 40, 0);
+    Value::new(SUMMARY, 0, p)
 }
 
-pub fn inflight(seq: u64, replicas: usize) -> WireValue {
-    WireValue::Inflight(wire::InflightVector {
-        seq,
-        at_ms: seq,
-        loads: (0..replicas)
-            .map(|i| wire::ReplicaLoad {
-                replica: i as u64,
-                requests: 3,
-                queued_prefill_tokens: 1000,
-                decoding_requests: 2,
-                decode_context_tokens: 4000,
-                prefill_inflow_tps: 1500.0,
-                queued_requests: 0,
-                queued_attention_pairs: 0.0,
-                decode_remaining_tokens: 0,
-                min_tpot_slo_ms: 0.0,
-            })
-            .collect(),
-    })
+/// A stand-in for an in-flight vector: `seq`, then 48 bytes per replica.
+pub fn inflight(seq: u64, replicas: usize) -> Value {
+    let mut p = seq.to_le_bytes().to_vec();
+    for i in 0..replicas {
+        p.extend_from_slice(&(i as u64).to_le_bytes());
+        p.extend_from_slice(&[3; 40]);
+    }
+    Value::new(INFLIGHT, 0, p)
 }

@@ -2,7 +2,7 @@
 //! `fleet/kv_feed/share.rs`.
 //!
 //! Keys, per replica this node follows (`kv/<replica>/…`, regional):
-//! - `d<seq mod KV_WINDOW>`: the last [`wire::KV_WINDOW`] deltas in rotating slots.
+//! - `d<seq mod KV_WINDOW>`: the last [`schema::KV_WINDOW`] deltas in rotating slots.
 //!   chitchat carries only a key's latest value, so a receiver that falls more than
 //!   the window behind sees a seq jump (a gap) and waits for a snapshot;
 //! - `s<part>`: the latest snapshot's parts, all with one `(epoch, as_of)`; parts past
@@ -24,16 +24,16 @@ use std::{
     time::Duration,
 };
 
-use headroom_gossip::{
-    keys,
-    wire::{self, KvDelta, KvSnapshot, WireValue},
-};
+use headroom_gossip::keys;
 use headroom_kv_events::{
     FeedState,
     mirror::{Delta, Part},
 };
 
-use super::MeshRuntime;
+use super::{
+    MeshRuntime, publish,
+    schema::{self, KvDelta, KvSnapshot, WireValue},
+};
 use crate::{clock, fleet::kv_feed::MeshKv};
 
 fn state_code(s: FeedState) -> u8 {
@@ -110,8 +110,8 @@ impl MeshRuntime {
                         removed: d.removed,
                         stored: d.stored,
                     });
-                    let key = keys::kv_delta(o.key, d.seq, wire::KV_WINDOW);
-                    match mesh.publish(&key, &v).await {
+                    let key = keys::kv_delta(o.key, d.seq, schema::KV_WINDOW);
+                    match publish(&mesh, &key, &v).await {
                         Ok(n) => self.kv_sent(n),
                         Err(e) => tracing::debug!("kv delta not published: {e}"),
                     }
@@ -131,7 +131,7 @@ impl MeshRuntime {
                         block_size: o.block_size,
                         hashes,
                     });
-                    match mesh.publish(&keys::kv_snapshot(o.key, i as u16), &v).await {
+                    match publish(&mesh, &keys::kv_snapshot(o.key, i as u16), &v).await {
                         Ok(n) => self.kv_sent(n),
                         Err(e) => tracing::debug!("kv snapshot part not published: {e}"),
                     }
@@ -142,8 +142,9 @@ impl MeshRuntime {
                 }
             }
             for key in stopped {
-                for s in 0..wire::KV_WINDOW {
-                    mesh.remove(&keys::kv_delta(key, s, wire::KV_WINDOW)).await;
+                for s in 0..schema::KV_WINDOW {
+                    mesh.remove(&keys::kv_delta(key, s, schema::KV_WINDOW))
+                        .await;
                 }
                 for i in 0..parts_out.remove(&key).unwrap_or(0) {
                     mesh.remove(&keys::kv_snapshot(key, i)).await;
@@ -177,10 +178,10 @@ mod tests {
     #[test]
     fn the_wire_caps_are_the_protocols() {
         use headroom_kv_events::share;
-        assert_eq!(wire::KV_DELTA_CAP, share::DELTA_CAP);
-        assert_eq!(wire::KV_PART_CAP, share::PART_CAP);
-        assert_eq!(usize::from(wire::KV_MAX_PARTS), share::MAX_PARTS);
-        assert_eq!(wire::KV_WINDOW, share::WINDOW);
+        assert_eq!(schema::KV_DELTA_CAP, share::DELTA_CAP);
+        assert_eq!(schema::KV_PART_CAP, share::PART_CAP);
+        assert_eq!(usize::from(schema::KV_MAX_PARTS), share::MAX_PARTS);
+        assert_eq!(schema::KV_WINDOW, share::WINDOW);
         for s in [
             FeedState::Precise,
             FeedState::Recovering,

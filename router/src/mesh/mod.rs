@@ -12,11 +12,15 @@
 //! - prefix-index deltas per replica (`prefix/<replica>`, bounded);
 //! - the precise (KV-event) index of each replica this node follows: deltas and
 //!   snapshots (`kv/<replica>/…`, `kv.rs`), mirrored by every other node;
-//! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer;
 //! - predictor sufficient statistics (`pred/0`, cross-region), merged by the trainer
 //!   (from another region without per-replica corrections);
 //! - region summaries (`summary/<region>`, cross-region; `regions.rs`);
 //! - membership and liveness from chitchat's failure detector.
+//!
+//! The values are this crate's schema (`schema.rs`: types, kinds, versions, codec); the
+//! gossip crate carries them as opaque versioned values. A value this node cannot read
+//! (unknown kind or version, malformed, invalid) is ignored and counted
+//! (`headroom_mesh_values_refused_total{reason}`).
 //!
 //! Nothing here is on the request path except `note_prefix`, a non-blocking send (the
 //! outcome sink's, at a placement's first byte). The runtime holds this node's fleet,
@@ -29,6 +33,7 @@ mod outbox;
 mod owners;
 mod peers;
 pub mod regions;
+pub mod schema;
 mod scrapes;
 
 use std::{
@@ -42,15 +47,10 @@ use std::{
 };
 
 use anyhow::Context;
-use headroom_gossip::{
-    Mesh, MeshConfig, MeshEvent, Scope, TlsIdentity, keys,
-    wire::{
-        self, InflightVector, NodeInfo, PredictorSlot, PrefixDelta, ReplicaScrape, StatBlock,
-        WireValue,
-    },
-};
-use headroom_predictor::{FederationSlot, StatsBlock};
+use headroom_gossip::{Mesh, MeshConfig, MeshEvent, Scope, TlsIdentity, Value, keys};
+use headroom_predictor::FederationSlot;
 use parking_lot::Mutex;
+use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -58,9 +58,11 @@ pub use owners::Owners;
 pub use peers::PeerTable;
 pub use scrapes::{ScrapeInbox, ScrapeShares};
 
+use schema::{InflightVector, NodeInfo, PredictorSlot, PrefixDelta, ReplicaScrape, WireValue};
+
 use crate::{
     clock,
-    fleet::{EngineKind, Fleet, Replica, Scraped, kv_feed::KvFeeds},
+    fleet::{Fleet, Replica, Scraped, kv_feed::KvFeeds},
     prefix::Cursor,
     trainer::Trainer,
 };
@@ -170,77 +172,24 @@ pub struct MeshRuntime {
     tracker: TaskTracker,
     duplicates: duplicate::DuplicateWatch,
     regions: regions::Regions,
-}
-
-fn to_stat(b: &StatsBlock) -> StatBlock {
-    StatBlock {
-        group: b.group,
-        target: b.target,
-        dim: b.dim,
-        a_upper: b.a_upper.clone(),
-        b: b.b.clone(),
-        sum_w: b.sum_w,
-        sum_wyy: b.sum_wyy,
-        n: b.n,
-        landmark_s: b.landmark_s,
-    }
-}
-
-fn from_stat(b: &StatBlock) -> StatsBlock {
-    StatsBlock {
-        group: b.group,
-        target: b.target,
-        dim: b.dim,
-        a_upper: b.a_upper.clone(),
-        b: b.b.clone(),
-        sum_w: b.sum_w,
-        sum_wyy: b.sum_wyy,
-        n: b.n,
-        landmark_s: b.landmark_s,
-    }
+    /// Peers' values this node ignored, by [`schema::Refused`] reason.
+    refused: IntCounterVec,
 }
 
 fn scrape_to_wire(r: &Replica, s: &Scraped) -> ReplicaScrape {
     let age_ms = ((clock::now_s() - s.at_s).max(0.0) * 1e3) as u64;
-    ReplicaScrape {
-        replica: r.key,
-        url: r.url.clone(),
-        running: s.running as u32,
-        waiting: s.waiting as u32,
-        kv_usage: s.kv_usage.unwrap_or(0.0) as f32,
-        num_gpu_blocks: s.num_gpu_blocks.unwrap_or(0),
-        block_size: s.block_size.unwrap_or(0),
-        prefix_hits: s.prefix_hits as u64,
-        prefix_queries: s.prefix_queries as u64,
-        preemptions: s.preemptions as u64,
-        scraped_at_ms: clock::unix_ms().saturating_sub(age_ms),
-        healthy: r.health.routable(),
-    }
+    let at_ms = clock::unix_ms().saturating_sub(age_ms);
+    ReplicaScrape::of(r.key, &r.url, r.health.routable(), s, at_ms)
 }
 
-fn scrape_from_wire(w: &ReplicaScrape, age: Duration, prev: Option<&Scraped>) -> Scraped {
-    let at_s = clock::now_s() - age.as_secs_f64();
-    let preemptions = w.preemptions as f64;
-    let preemption_rate = match prev {
-        Some(p) if at_s > p.at_s && preemptions >= p.preemptions => {
-            (preemptions - p.preemptions) / (at_s - p.at_s)
-        }
-        _ => 0.0,
-    };
-    Scraped {
-        at_s,
-        engine: EngineKind::Vllm,
-        running: w.running as f64,
-        waiting: w.waiting as f64,
-        kv_usage: Some((w.kv_usage as f64).clamp(0.0, 1.0)),
-        num_gpu_blocks: (w.num_gpu_blocks > 0).then_some(w.num_gpu_blocks),
-        block_size: (w.block_size > 0).then_some(w.block_size),
-        prefix_queries: w.prefix_queries as f64,
-        prefix_hits: w.prefix_hits as f64,
-        preemptions,
-        preemption_rate,
-        rejected_values: 0,
-    }
+/// Encodes and publishes `v` in the region; its size in chitchat.
+async fn publish(mesh: &Mesh, key: &str, v: &WireValue) -> anyhow::Result<usize> {
+    Ok(mesh.publish(key, &schema::encode(v)?).await?)
+}
+
+/// Encodes and publishes `v` on the cross-region cluster.
+async fn publish_global(mesh: &Mesh, key: &str, v: &WireValue) -> anyhow::Result<()> {
+    Ok(mesh.publish_global(key, &schema::encode(v)?).await?)
 }
 
 impl MeshRuntime {
@@ -270,6 +219,7 @@ impl MeshRuntime {
         cfg.value_ttl = Duration::from_millis(s.peer_ttl_ms.max(1_000) * 3);
         cfg.max_value_bytes = 32 * 1024;
         cfg.compress_frames = s.compress;
+        cfg.kinds = schema::policies();
         let mesh = Mesh::start(cfg).await.context("starting the mesh")?;
         let duplicates = duplicate::DuplicateWatch::new(local.fleet.metrics.registry());
         if s.duplicate_check_ms > 0 && !(s.peers.is_empty() && s.remote_region_peers.is_empty()) {
@@ -288,6 +238,19 @@ impl MeshRuntime {
             }
         }
         let (prefix_tx, prefix_rx) = crossbeam_channel::bounded(4096);
+        let refused = IntCounterVec::new(
+            prometheus::Opts::new(
+                "headroom_mesh_values_refused_total",
+                "Peers' mesh values ignored: unknown kind or schema version, malformed, invalid",
+            ),
+            &["reason"],
+        )
+        .context("mesh refusal counter")?;
+        let _ = local
+            .fleet
+            .metrics
+            .registry()
+            .register(Box::new(refused.clone()));
         let rt = Arc::new(MeshRuntime {
             scrapes,
             heard_scrapes: Mutex::new(HashMap::new()),
@@ -308,6 +271,7 @@ impl MeshRuntime {
             tracker: TaskTracker::new(),
             duplicates,
             regions: regions::Regions::default(),
+            refused,
         });
         let info = WireValue::NodeInfo(NodeInfo {
             region: rt.settings.region.clone(),
@@ -315,11 +279,13 @@ impl MeshRuntime {
             started_at_ms: clock::unix_ms(),
             version: env!("CARGO_PKG_VERSION").into(),
         });
-        rt.mesh()
-            .context("mesh closed")?
-            .publish(&keys::node_info(), &info)
-            .await
-            .context("publishing node info")?;
+        publish(
+            &*rt.mesh().context("mesh closed")?,
+            &keys::node_info(),
+            &info,
+        )
+        .await
+        .context("publishing node info")?;
         rt.tracker.spawn(rt.clone().ingest_loop());
         rt.tracker.spawn(rt.clone().inflight_loop());
         rt.tracker.spawn(rt.clone().housekeeping_loop());
@@ -393,10 +359,10 @@ impl MeshRuntime {
         let heartbeat = self.settings.heartbeat_ms as f64 / 1e3;
         let keep_zero = self.settings.peer_ttl_ms as f64 / 1e3;
         let mut outbox = outbox::Outbox::default();
-        let mut last_gossip: Option<(f64, Vec<wire::ReplicaLoad>)> = None;
+        let mut last_gossip: Option<(f64, Vec<schema::ReplicaLoad>)> = None;
         while self.tick(every).await {
             let now = clock::now_s();
-            let loads: Vec<wire::ReplicaLoad> = self
+            let loads: Vec<schema::ReplicaLoad> = self
                 .local
                 .fleet
                 .replicas()
@@ -416,7 +382,10 @@ impl MeshRuntime {
                             at_ms,
                             loads: chunk.to_vec(),
                         });
-                        if let Err(e) = mesh.broadcast_datagram(&v) {
+                        let sent = schema::encode(&v)
+                            .map_err(anyhow::Error::from)
+                            .and_then(|v| Ok(mesh.broadcast_datagram(&v)?));
+                        if let Err(e) = sent {
                             tracing::debug!("in-flight datagram not sent: {e}");
                         }
                     }
@@ -449,7 +418,7 @@ impl MeshRuntime {
                     at_ms,
                     loads: snapshot.clone(),
                 });
-                if let Err(e) = mesh.publish(&keys::inflight(), &v).await {
+                if let Err(e) = publish(&mesh, &keys::inflight(), &v).await {
                     tracing::debug!("in-flight vector not published: {e}");
                 }
                 last_gossip = Some((now, snapshot));
@@ -520,10 +489,7 @@ impl MeshRuntime {
                 sweep_s = now;
             }
             let Some(mesh) = self.mesh() else { return };
-            if let Err(e) = mesh
-                .publish(&keys::scrape(r.key), &WireValue::Scrape(w))
-                .await
-            {
+            if let Err(e) = publish(&mesh, &keys::scrape(r.key), &WireValue::Scrape(w)).await {
                 tracing::debug!("scrape not published: {e}");
             }
         }
@@ -540,15 +506,15 @@ impl MeshRuntime {
             for (k, chains) in per {
                 let mut hashes = Vec::new();
                 for c in chains.iter().rev() {
-                    let room = wire::PREFIX_DELTA_CAP - hashes.len();
+                    let room = schema::PREFIX_DELTA_CAP - hashes.len();
                     hashes.extend_from_slice(&c[..c.len().min(room)]);
-                    if hashes.len() >= wire::PREFIX_DELTA_CAP {
+                    if hashes.len() >= schema::PREFIX_DELTA_CAP {
                         break;
                     }
                 }
                 let v = WireValue::Prefix(PrefixDelta { replica: k, hashes });
                 let Some(mesh) = self.mesh() else { return };
-                if let Err(e) = mesh.publish(&keys::prefix(k), &v).await {
+                if let Err(e) = publish(&mesh, &keys::prefix(k), &v).await {
                     tracing::debug!("prefix delta not published: {e}");
                 }
             }
@@ -564,14 +530,14 @@ impl MeshRuntime {
             else {
                 continue;
             };
-            let blocks: Vec<StatBlock> = slot.to_blocks().iter().map(to_stat).collect();
-            if blocks.len() > wire::MAX_STAT_BLOCKS {
+            let blocks = slot.to_blocks();
+            if blocks.len() > schema::MAX_STAT_BLOCKS {
                 tracing::debug!(blocks = blocks.len(), "predictor slot too large to share");
                 continue;
             }
             let v = WireValue::Predictor(PredictorSlot { blocks });
             let Some(mesh) = self.mesh() else { return };
-            if let Err(e) = mesh.publish_global(&keys::predictor(0), &v).await {
+            if let Err(e) = publish_global(&mesh, &keys::predictor(0), &v).await {
                 tracing::debug!("predictor slot not published: {e}");
             }
         }
@@ -593,86 +559,33 @@ impl MeshRuntime {
         }
     }
 
+    /// A peer's value as this node's schema reads it; `None` (counted) when it cannot.
+    fn decode(&self, node: &str, v: &Value) -> Option<WireValue> {
+        match schema::decode(v) {
+            Ok(w) => Some(w),
+            Err(r) => {
+                self.refused.with_label_values(&[r.as_str()]).inc();
+                tracing::debug!(peer = %node, kind = v.kind, version = v.version, reason = r.as_str(), "mesh value ignored");
+                None
+            }
+        }
+    }
+
     fn ingest(&self, ev: MeshEvent) {
         let now = clock::now_s();
         match ev {
-            MeshEvent::Datagram {
-                node,
-                value: WireValue::Inflight(v),
-                age,
-            }
-            | MeshEvent::Value {
-                node,
-                value: WireValue::Inflight(v),
-                age,
-                ..
-            } => {
-                let mut p = self.peers.lock();
-                if p.update(&node, &v, now, age.as_secs_f64()) {
-                    p.publish(&self.local.fleet.replicas(), now);
+            MeshEvent::Datagram { node, value, age } => {
+                if let Some(WireValue::Inflight(v)) = self.decode(&node, &value) {
+                    self.ingest_inflight(&node, &v, age, now);
                 }
             }
             MeshEvent::Value {
-                value: WireValue::Scrape(w),
-                age,
-                ..
+                node, value, age, ..
             } => {
-                self.heard_scrapes.lock().insert(w.replica, now);
-                if let Some(r) = self.replicas_by_key().get(&w.replica) {
-                    let prev = r.scraped.load_full();
-                    let s = scrape_from_wire(&w, age, prev.as_deref());
-                    if prev.as_ref().is_none_or(|p| s.at_s > p.at_s) {
-                        self.local.fleet.note_scrape(r, prev.as_deref(), &s, "peer");
-                        r.scraped.store(Some(Arc::new(s)));
-                    }
+                if let Some(v) = self.decode(&node, &value) {
+                    self.ingest_value(&node, v, age, now);
                 }
             }
-            MeshEvent::Value {
-                value: WireValue::Prefix(d),
-                ..
-            } => {
-                if let Some(r) = self.replicas_by_key().get(&d.replica) {
-                    let idx = &self.local.fleet.prefix;
-                    let cursor = Cursor {
-                        replica: r.id,
-                        seq: r.prefix_cursor.load(Relaxed),
-                        capacity: r.kv_capacity_tokens().map_or(u64::MAX, |t| {
-                            (t / self.local.fleet.cfg.prefix.block_tokens.max(1) as u64).max(1)
-                        }),
-                    };
-                    let mut matched = [0u32];
-                    idx.match_lengths(&d.hashes, &[cursor], &mut matched);
-                    idx.record(&r.prefix_cursor, r.id, &d.hashes, matched[0] as usize);
-                }
-            }
-            MeshEvent::Value {
-                node,
-                value: v @ (WireValue::KvDelta(_) | WireValue::KvSnapshot(_)),
-                ..
-            } => self.ingest_kv(&node, v),
-            MeshEvent::Value {
-                node,
-                value: WireValue::Predictor(slot),
-                ..
-            } => {
-                let rows: Vec<StatsBlock> = slot.blocks.iter().map(from_stat).collect();
-                // A peer not known to be in this region shares its classes only.
-                let home = self.regions.in_region(&node, &self.settings.region);
-                match FederationSlot::from_blocks(&node, &rows) {
-                    Ok(s) if home => self.local.trainer.merge_peer(s),
-                    Ok(s) => self
-                        .local
-                        .trainer
-                        .merge_peer(headroom_core::region::cross_region_slot(s)),
-                    Err(e) => tracing::debug!(peer = %node, "predictor slot refused: {e}"),
-                }
-            }
-            MeshEvent::Value {
-                node,
-                value: WireValue::Summary(s),
-                age,
-                ..
-            } => self.ingest_summary(&node, &s, age),
             MeshEvent::ValueRemoved { node, key, .. } if key == keys::inflight() => {
                 let mut p = self.peers.lock();
                 if p.remove(&node) {
@@ -691,6 +604,60 @@ impl MeshRuntime {
                 self.local.trainer.forget_peer(&node);
             }
             _ => {}
+        }
+    }
+
+    fn ingest_inflight(&self, node: &Arc<str>, v: &InflightVector, age: Duration, now: f64) {
+        let mut p = self.peers.lock();
+        if p.update(node, v, now, age.as_secs_f64()) {
+            p.publish(&self.local.fleet.replicas(), now);
+        }
+    }
+
+    fn ingest_value(&self, node: &Arc<str>, value: WireValue, age: Duration, now: f64) {
+        match value {
+            WireValue::Inflight(v) => self.ingest_inflight(node, &v, age, now),
+            WireValue::Scrape(w) => {
+                self.heard_scrapes.lock().insert(w.replica, now);
+                if let Some(r) = self.replicas_by_key().get(&w.replica) {
+                    let prev = r.scraped.load_full();
+                    let s = w.to_scraped(now - age.as_secs_f64(), prev.as_deref());
+                    if prev.as_ref().is_none_or(|p| s.at_s > p.at_s) {
+                        self.local.fleet.note_scrape(r, prev.as_deref(), &s, "peer");
+                        r.scraped.store(Some(Arc::new(s)));
+                    }
+                }
+            }
+            WireValue::Prefix(d) => {
+                if let Some(r) = self.replicas_by_key().get(&d.replica) {
+                    let idx = &self.local.fleet.prefix;
+                    let cursor = Cursor {
+                        replica: r.id,
+                        seq: r.prefix_cursor.load(Relaxed),
+                        capacity: r.kv_capacity_tokens().map_or(u64::MAX, |t| {
+                            (t / self.local.fleet.cfg.prefix.block_tokens.max(1) as u64).max(1)
+                        }),
+                    };
+                    let mut matched = [0u32];
+                    idx.match_lengths(&d.hashes, &[cursor], &mut matched);
+                    idx.record(&r.prefix_cursor, r.id, &d.hashes, matched[0] as usize);
+                }
+            }
+            v @ (WireValue::KvDelta(_) | WireValue::KvSnapshot(_)) => self.ingest_kv(node, v),
+            WireValue::Predictor(slot) => {
+                // A peer not known to be in this region shares its classes only.
+                let home = self.regions.in_region(node, &self.settings.region);
+                match FederationSlot::from_blocks(node, &slot.blocks) {
+                    Ok(s) if home => self.local.trainer.merge_peer(s),
+                    Ok(s) => self
+                        .local
+                        .trainer
+                        .merge_peer(headroom_core::region::cross_region_slot(s)),
+                    Err(e) => tracing::debug!(peer = %node, "predictor slot refused: {e}"),
+                }
+            }
+            WireValue::Summary(s) => self.ingest_summary(node, &s, age),
+            WireValue::NodeInfo(_) => {}
         }
     }
 
@@ -741,6 +708,10 @@ impl MeshRuntime {
             "duplicate_node_ids": self.duplicates.total(),
             "kv_values_published": self.kv_values.load(Relaxed),
             "kv_bytes_published": self.kv_bytes.load(Relaxed),
+            "refused_values": schema::Refused::ALL
+                .iter()
+                .map(|r| (r.as_str(), self.refused.with_label_values(&[r.as_str()]).get()))
+                .collect::<HashMap<_, _>>(),
             "gossip_bytes_sent": st.bytes_sent,
             "gossip_bytes_received": st.bytes_received,
             "regions": self.regions.json(now, self.local.fleet.cfg.regions.summary_ttl_ms as f64 / 1e3),

@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use headroom_gossip::wire::ReplicaLoad;
+use super::schema::ReplicaLoad;
 
 /// Token sums that move by less than this (tokens) or this share are not news.
 const DRIFT_TOKENS: u32 = 64;

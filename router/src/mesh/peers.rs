@@ -8,7 +8,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use headroom_gossip::wire::{InflightVector, ReplicaLoad};
+use super::schema::{InflightVector, ReplicaLoad};
 
 use crate::{
     fleet::{PeerLoad, Replica},
@@ -29,7 +29,9 @@ pub struct PeerTable {
     peers: HashMap<Arc<str>, HashMap<u64, Report>>,
 }
 
-/// Converts our ledger's load to its wire form.
+/// Converts our ledger's load to its wire form (counts and token sums as integers,
+/// rates as f32; `queued_streams` and `step_residual_s` stay local). The wire form
+/// survives `from_wire` then `to_wire` unchanged (tested).
 pub fn to_wire(replica: u64, l: &Load) -> ReplicaLoad {
     let u = |x: f64| x.clamp(0.0, u32::MAX as f64) as u32;
     ReplicaLoad {
@@ -172,6 +174,29 @@ mod tests {
             at_ms: 0,
             loads: vec![to_wire(replica, &l)],
         }
+    }
+
+    #[test]
+    fn the_wire_form_round_trips_through_the_ledgers_load() {
+        let w = ReplicaLoad {
+            replica: 9,
+            requests: 3,
+            queued_prefill_tokens: 4096,
+            decoding_requests: 2,
+            decode_context_tokens: 70_000,
+            prefill_inflow_tps: 1234.5,
+            queued_requests: 1,
+            queued_attention_pairs: 9.5e6,
+            decode_remaining_tokens: 800,
+            min_tpot_slo_ms: 42.25,
+        };
+        assert_eq!(to_wire(9, &from_wire(&w)), w);
+        let none = ReplicaLoad {
+            min_tpot_slo_ms: 0.0,
+            ..w
+        };
+        assert_eq!(from_wire(&none).min_tpot_slo_ms, None);
+        assert_eq!(to_wire(9, &from_wire(&none)), none);
     }
 
     #[test]

@@ -24,10 +24,13 @@ use std::{
 };
 
 use headroom_core::region::{RegionBook, RegionReport};
-use headroom_gossip::{MemberInfo, Scope, keys, wire::RegionSummary, wire::WireValue};
+use headroom_gossip::{MemberInfo, Scope, keys};
 use parking_lot::Mutex;
 
-use super::MeshRuntime;
+use super::{
+    MeshRuntime, publish_global,
+    schema::{RegionSummary, WireValue},
+};
 use crate::{clock, fleet::Replica};
 
 /// What this node knows of regions.
@@ -178,9 +181,7 @@ impl MeshRuntime {
             );
             self.regions.apply(&replicas, own, now, ttl_s);
             let Some(mesh) = self.mesh() else { return };
-            if let Err(e) = mesh
-                .publish_global(&keys::summary(own), &WireValue::Summary(s))
-                .await
+            if let Err(e) = publish_global(&mesh, &keys::summary(own), &WireValue::Summary(s)).await
             {
                 tracing::debug!("region summary not published: {e}");
             }

@@ -18,8 +18,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use super::schema::ReplicaScrape;
 use arc_swap::ArcSwap;
-use headroom_gossip::wire::ReplicaScrape;
 use tokio::sync::mpsc;
 
 use super::Owners;
@@ -75,7 +75,10 @@ fn count_moved(a: u32, b: u32) -> bool {
 pub fn material(now: &ReplicaScrape, before: &ReplicaScrape) -> bool {
     count_moved(now.running, before.running)
         || count_moved(now.waiting, before.waiting)
-        || (now.kv_usage - before.kv_usage).abs() > 0.05
+        || match (now.kv_usage, before.kv_usage) {
+            (Some(a), Some(b)) => (a - b).abs() > 0.05,
+            (a, b) => a.is_some() != b.is_some(),
+        }
         || (now.num_gpu_blocks, now.block_size) != (before.num_gpu_blocks, before.block_size)
         || now.preemptions != before.preemptions
 }
@@ -120,15 +123,16 @@ impl ScrapeGate {
 mod tests {
     use super::*;
 
-    fn scrape(running: u32, kv: f32, healthy: bool) -> ReplicaScrape {
+    fn scrape(running: u32, kv: f64, healthy: bool) -> ReplicaScrape {
         ReplicaScrape {
             replica: 7,
             url: String::new(),
+            engine: 0,
             running,
             waiting: 0,
-            kv_usage: kv,
-            num_gpu_blocks: 1000,
-            block_size: 16,
+            kv_usage: Some(kv),
+            num_gpu_blocks: Some(1000),
+            block_size: Some(16),
             prefix_hits: 0,
             prefix_queries: 0,
             preemptions: 0,
