@@ -60,8 +60,8 @@ async fn three_nodes_converge_and_share_values() {
         s.messages_received > 0 && s.bytes_received > 0 && s.udp_bytes_sent > 0,
         "{s:?}"
     );
-    assert_eq!(s.rejected_values, 0);
-    assert_eq!(s.rejected_peers, 0);
+    assert_eq!(s.rejected_values, 0, "{s:?}");
+    assert_eq!(s.rejected_peers, 0, "{s:?}");
     shutdown_all(nodes).await;
 }
 
