@@ -13,7 +13,7 @@ import tomllib
 from .report import CheckError, collect
 
 SOURCES = [
-    "router/src/config.rs", "router/src/mesh/mod.rs", "router/src/edge/mod.rs",
+    "router/src/config/mod.rs", "router/src/config/mesh.rs", "router/src/config/edge.rs",
     "core/src/policy/slo.rs", "core/src/policy/baselines.rs",
     "core/src/policy/peers/llmd_predicted.rs", "core/src/region.rs", "core/src/pd/mod.rs", "predictor/src/config.rs",
 ]
@@ -40,7 +40,7 @@ def schema(repo):
                 if fn in fns:
                     defaults.setdefault(m.group(1), {})[field] = fns[fn].strip()
     if ROOT not in structs:
-        raise CheckError("RouterConfig not found in router/src/config.rs")
+        raise CheckError("RouterConfig not found in router/src/config/mod.rs")
     return structs, defaults
 
 

@@ -33,7 +33,7 @@ pub mod tokens;
 pub mod trainer;
 pub mod up;
 pub mod upstream;
-pub mod validate;
+pub use config::validate;
 
 // The routing core, under the paths the rest of the router has always used.
 pub use headroom_core::{decide, ledger, lifecycle, policy, prefix};

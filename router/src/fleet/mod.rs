@@ -16,36 +16,7 @@ pub use replica::{ModelEntry, PeerLoad, Replica, ServedModels, key_of};
 pub use scrape::{EngineKind, Scraped, parse_metrics};
 pub use view::Fleet;
 
-/// Validates a replica base URL (`http://host:port`, no path beyond `/`).
-pub fn parse_base_url(url: &str) -> Result<http::Uri, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(s) => return Err(format!("unsupported scheme `{s}` (http only)")),
-        None => return Err("missing scheme (expected http://host:port)".into()),
-    }
-    if uri.authority().is_none() {
-        return Err("missing host".into());
-    }
-    if !matches!(uri.path(), "" | "/") {
-        return Err("replica URL must not have a path".into());
-    }
-    Ok(uri)
-}
-
-/// `url` without credentials (`http://user:pass@host` → `http://host`): what logs,
-/// headers, metrics and debug views may show. Works on strings that are not URLs too.
-pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
-        Some(at) => format!("{scheme}{}", &rest[at + 1..]),
-        None => url.to_string(),
-    }
-}
+pub use crate::config::url::{parse_base_url, redact_url};
 
 /// `uri` without its userinfo.
 pub fn strip_userinfo(uri: &http::Uri) -> http::Uri {

@@ -42,33 +42,7 @@ pub struct Traces {
     propagator: TraceContextPropagator,
 }
 
-/// The OTLP/HTTP traces URL for `endpoint`: `/v1/traces` appended when it has no path.
-/// Plain `http` only (the exporter's hyper client has no TLS: run a local collector).
-pub fn traces_url(endpoint: &str) -> Result<http::Uri, String> {
-    let uri: http::Uri = endpoint
-        .trim()
-        .parse()
-        .map_err(|e| format!("`{endpoint}` is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(s) => {
-            return Err(format!(
-                "`{endpoint}`: scheme `{s}` is not supported (plain http to a collector, e.g. http://127.0.0.1:4318)"
-            ));
-        }
-        None => return Err(format!("`{endpoint}` needs http://HOST:PORT")),
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("`{endpoint}` has no host"));
-    }
-    if matches!(uri.path(), "" | "/") {
-        let base = endpoint.trim().trim_end_matches('/');
-        return format!("{base}/v1/traces")
-            .parse()
-            .map_err(|e| format!("`{endpoint}`: {e}"));
-    }
-    Ok(uri)
-}
+pub use crate::config::url::traces_url;
 
 impl Traces {
     /// The exporter and batch processor for `cfg`, or `None` when tracing is off. Must

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use crate::config::RouterConfig;
+use super::RouterConfig;
 
 /// Longest timeout or period accepted anywhere (one day): beyond it is a typo.
 pub const MAX_MS: u64 = 86_400_000;
@@ -84,7 +84,7 @@ pub fn check(cfg: &RouterConfig) -> Result<(), String> {
     mesh(cfg, &mut p);
     tracing(cfg, &mut p);
     regions(cfg, &mut p);
-    crate::edge::validate(&cfg.edge, cfg, &mut |f, m| p.push(f, m));
+    super::edge::validate(&cfg.edge, cfg, &mut |f, m| p.push(f, m));
     if p.0.is_empty() {
         Ok(())
     } else {
@@ -95,7 +95,7 @@ pub fn check(cfg: &RouterConfig) -> Result<(), String> {
 fn replicas(cfg: &RouterConfig, p: &mut Problems) {
     let mut seen = HashSet::new();
     for (i, r) in cfg.replicas.iter().enumerate() {
-        let shown = crate::fleet::redact_url(&r.url);
+        let shown = super::url::redact_url(&r.url);
         if !seen.insert(r.url.trim_end_matches('/')) {
             p.push(
                 &format!("replicas[{i}].url"),
@@ -231,7 +231,7 @@ pub const MAX_QUEUED_SPANS: usize = 1 << 20;
 fn tracing(cfg: &RouterConfig, p: &mut Problems) {
     let t = &cfg.tracing;
     if let Some(e) = &t.otlp_endpoint
-        && let Err(why) = crate::otel::traces_url(e)
+        && let Err(why) = super::url::traces_url(e)
     {
         p.push("tracing.otlp_endpoint", why);
     }

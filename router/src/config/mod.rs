@@ -1,7 +1,15 @@
 //! Router configuration: one source of defaults.
 //!
 //! Every knob has its default in the `Default` impl right next to its field, and the
-//! TOML file, the CLI and `headroom up` all start from `RouterConfig::default()`.
+//! TOML file, the CLI and `headroom up` all start from `RouterConfig::default()`. The
+//! module imports no other router module but `policy` (the core's settings): the
+//! sections of other modules (`edge`, `mesh`), the URL checks and the validation live
+//! here, and those modules read them from here.
+
+pub mod edge;
+pub mod mesh;
+pub mod url;
+pub mod validate;
 
 use std::{
     net::SocketAddr,
@@ -15,13 +23,11 @@ use serde::{Deserialize, Serialize};
 
 use headroom_core::region::RegionsConfig;
 
-use crate::{
-    mesh::MeshSettings,
-    policy::{
-        PolicyName, PolicySettings, baselines::PrefixAffinity, peers::LlmdPredictedConfig,
-        slo::SloConfig,
-    },
+use crate::policy::{
+    PolicyName, PolicySettings, baselines::PrefixAffinity, peers::LlmdPredictedConfig,
+    slo::SloConfig,
 };
+use mesh::MeshSettings;
 
 /// Everything a router node needs to run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -80,7 +86,7 @@ pub struct RouterConfig {
     /// The mesh (off unless `mesh.listen` is set).
     pub mesh: MeshSettings,
     /// The client-facing edge: timeouts, connection cap, TLS, admin surface, identity.
-    pub edge: crate::edge::EdgeConfig,
+    pub edge: edge::EdgeConfig,
     /// Admission before routing: capacity, the gate's queue and waits.
     pub admission: AdmissionConfig,
     /// OpenTelemetry traces of each request's life (off unless `otlp_endpoint` is set).
@@ -117,7 +123,7 @@ impl Default for RouterConfig {
             decision_records: 4096,
             request_log: None,
             mesh: MeshSettings::default(),
-            edge: crate::edge::EdgeConfig::default(),
+            edge: edge::EdgeConfig::default(),
             admission: AdmissionConfig::default(),
             regions: RegionsConfig::default(),
             tracing: TracingConfig::default(),
@@ -620,11 +626,8 @@ impl RouterConfig {
     /// Checks cross-field rules; called by every constructor path.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for r in &self.replicas {
-            crate::fleet::parse_base_url(&r.url).map_err(|e| {
-                ConfigError::Invalid(format!(
-                    "replica `{}`: {e}",
-                    crate::fleet::redact_url(&r.url)
-                ))
+            url::parse_base_url(&r.url).map_err(|e| {
+                ConfigError::Invalid(format!("replica `{}`: {e}", url::redact_url(&r.url)))
             })?;
         }
         if self.scrape.interval_ms == 0 || self.health.probe_interval_ms == 0 {
@@ -652,7 +655,7 @@ impl RouterConfig {
                 )));
             }
         }
-        crate::validate::check(self).map_err(ConfigError::Invalid)
+        validate::check(self).map_err(ConfigError::Invalid)
     }
 }
 
