@@ -114,6 +114,18 @@ impl Ctx<'_> {
         bound_s: f64,
         pred: impl Fn(&NodeSample) -> bool,
     ) -> Vec<Option<f64>> {
+        self.wait_all_joint(nodes, bound_s, |s, _| pred(s)).await
+    }
+
+    /// [`Self::wait_all`] where `pred` also sees every node's sample of the same round
+    /// (e.g. to excuse a peer that itself has nothing to report). Every node is sampled
+    /// every round, including those whose predicate already held.
+    pub async fn wait_all_joint(
+        &self,
+        nodes: &[usize],
+        bound_s: f64,
+        pred: impl Fn(&NodeSample, &[NodeSample]) -> bool,
+    ) -> Vec<Option<f64>> {
         let mesh = self.cluster.routers.len() > 1;
         let urls: Vec<Option<String>> = nodes
             .iter()
@@ -128,7 +140,7 @@ impl Ctx<'_> {
                 .enumerate()
                 .filter_map(|(k, (n, u))| {
                     let u = u.as_ref()?;
-                    got[k].is_none().then_some(async move {
+                    Some(async move {
                         let s = sample_node(
                             &self.cluster.client,
                             u,
@@ -141,9 +153,11 @@ impl Ctx<'_> {
                         (k, s)
                     })
                 });
-            for (k, s) in futures_util::future::join_all(polls).await {
-                if pred(&s) {
-                    got[k] = Some(s.t_s);
+            let round: Vec<(usize, NodeSample)> = futures_util::future::join_all(polls).await;
+            let samples: Vec<NodeSample> = round.iter().map(|(_, s)| s.clone()).collect();
+            for (k, s) in &round {
+                if got[*k].is_none() && pred(s, &samples) {
+                    got[*k] = Some(s.t_s);
                 }
             }
             if got.iter().all(Option::is_some) || Instant::now() > end {

@@ -162,8 +162,8 @@ async fn five_times_capacity_then_recovery() {
 }
 
 /// The mesh-at-scale comparison in a short form: 4 meshed nodes vs 1 on the same load:
-/// nothing lost, load imbalance within 10 points of the single node, gossip under
-/// 100 KB/s per node. The full run is in `chaos/results/scale/`.
+/// nothing lost, no herding, gossip under 100 KB/s per node. The close comparison of
+/// imbalance (2 points over 887+ requests) is the full run's (chaos/README.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_meshed_nodes_route_as_well_as_one() {
     let _serial = SERIAL.lock().await;
@@ -190,16 +190,27 @@ async fn four_meshed_nodes_route_as_well_as_one() {
     .expect("scale run within 120 s")
     .expect("scale run set up");
     // Attainment is reported, not asserted here: in 5 s each node's predictor is still
-    // cold (see chaos/README.md, "Mesh at scale", for what falls short).
+    // cold (see chaos/README.md, "Mesh at scale", for what falls short). Nor is the
+    // imbalance gap: over ~117 requests and 3 replicas the single node alone measured
+    // 5–23% on repeats of this very seed, so a 10-point gap is sampling noise (CI failed
+    // once on 15.4 vs 5.1%). What a short run can tell is herding, asserted below.
     let failing: Vec<String> = r
         .checks
         .iter()
-        .filter(|c| !c.pass && !c.name.starts_with("attainment"))
+        .filter(|c| !c.pass && !c.name.starts_with("attainment") && !c.name.contains("imbalance"))
         .map(|c| format!("{}: {}", c.name, c.detail))
         .collect();
     assert!(
         failing.is_empty(),
         "{failing:?}\n{}",
+        headroom_chaos::scale::markdown(&r)
+    );
+    // No herding: nodes acting on the same stale view would pile onto one replica, half
+    // the load or more on it (imbalance ≥ 50%); independent draws measured 5–23% here.
+    assert!(
+        r.mesh.imbalance < 0.40,
+        "the mesh herded: imbalance {:.1}%\n{}",
+        r.mesh.imbalance * 100.0,
         headroom_chaos::scale::markdown(&r)
     );
     // Gossip stays under the bar of 100 KB/s per node.

@@ -12,6 +12,7 @@
 use super::common::{base_plan, share_in};
 use crate::check::{self, Check};
 use crate::client::EndClass;
+use crate::observe::NodeSample;
 use crate::relay::NetFaults;
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
 
@@ -76,13 +77,15 @@ pub async fn wait_whole(ctx: &mut Ctx<'_>, label: &str, from: f64, bound: f64) {
     let nodes: Vec<usize> = (0..ids.len()).collect();
     let idv = ids.clone();
     let got = ctx
-        .wait_all(&nodes, bound, move |s| {
+        .wait_all_joint(&nodes, bound, move |s, round| {
             s.live_members().is_some_and(|m| m.len() == idv.len())
                 && idv.iter().enumerate().all(|(j, id)| {
                     j == s.node
-                        // Heard from again since the cut forgot it: an idle peer's
-                        // report lists no busy replica (the outbox sends only those).
+                        // Heard from again since the cut forgot it — or the peer has
+                        // nothing in flight itself (this round's own sample), so there
+                        // is nothing to hear: the outbox sends busy replicas only.
                         || s.member(id).is_some_and(|m| m.inflight_replicas.is_some())
+                        || round.iter().any(|p| p.node == j && idle(p))
                 })
         })
         .await;
@@ -132,6 +135,13 @@ const STALE_LISTED: usize = 6;
 /// How far from a sample the peer's own sample may be to say it had nothing in flight (s).
 const IDLE_MATCH_S: f64 = 0.3;
 
+/// Whether a node's own sample shows nothing of its own in flight on any replica.
+fn idle(s: &NodeSample) -> bool {
+    s.replicas
+        .as_ref()
+        .is_some_and(|rs| rs.iter().all(|r| r.inflight == 0.0))
+}
+
 /// Whether `peer` itself reported nothing in flight on any replica in its sample nearest
 /// to `t_s`: then there were no placements to hold, and their absence is not staleness.
 fn peer_idle(f: &Finished<'_>, peer: usize, t_s: f64) -> bool {
@@ -139,8 +149,7 @@ fn peer_idle(f: &Finished<'_>, peer: usize, t_s: f64) -> bool {
         .iter()
         .filter(|s| s.node == peer && (s.t_s - t_s).abs() <= IDLE_MATCH_S)
         .min_by(|a, b| (a.t_s - t_s).abs().total_cmp(&(b.t_s - t_s).abs()))
-        .and_then(|s| s.replicas.as_ref())
-        .is_some_and(|rs| rs.iter().all(|r| r.inflight == 0.0))
+        .is_some_and(idle)
 }
 
 /// Per node: in how many of its samples taken in `[from, to)` (and outside `skip`)
