@@ -11,7 +11,11 @@
 //! gate, [`crate::admission`], holds it to before routing); every admitted request carries the policy's
 //! own fallback label, or the lifecycle's (`deferred`, `defer-full`,
 //! `defer-expired`) when deferral decided; a TTFT label is censored exactly when no
-//! token came and the attempt failed (the wait is then a lower bound).
+//! token came and the attempt failed (the wait is then a lower bound); every decision
+//! judges the TTFT objective that is left, `objective − (now − arrival)`, since the
+//! client's clock started when the request reached the router (reading, tokenizing,
+//! the tenant's gate and deferrals all spend it), while the TTFT label the model learns
+//! is dispatch → first token, the replica's part alone.
 
 use std::sync::{
     Arc,
@@ -23,7 +27,7 @@ use headroom_predictor::{ModelState, Sample};
 use crate::{
     decide::{Learn, Routed, RoutedTarget, Verdict},
     ledger::{Booking, BookingSpec},
-    policy::{NoFit, RequestProfile},
+    policy::{NoFit, RequestProfile, Slo},
     prefix::PrefixIndex,
     view::ReplicaView,
 };
@@ -35,6 +39,9 @@ pub const DEFER_FULL: &str = "defer-full";
 /// Label of a request placed least-bad because its deadline came.
 pub const DEFER_EXPIRED: &str = "defer-expired";
 
+/// Least TTFT objective a decision is asked to meet (ms), however long the request
+/// waited: positive, so the policy's arithmetic stays finite.
+pub const MIN_TTFT_LEFT_MS: f64 = 1.0;
 /// Shortest and longest single wait between two decisions (s).
 const MIN_WAIT_S: f64 = 0.001;
 const MAX_WAIT_S: f64 = 1.0;
@@ -100,6 +107,7 @@ pub enum Admit {
 /// One request's admission: its deadline and its deferral slot, if it waited.
 #[derive(Debug)]
 pub struct Admission {
+    arrived_s: f64,
     deadline_s: f64,
     limits: DeferLimits,
     deferrals: Arc<Deferrals>,
@@ -115,10 +123,23 @@ impl Admission {
         deferrals: Arc<Deferrals>,
     ) -> Self {
         Self {
+            arrived_s,
             deadline_s: limits.deadline_s(profile, arrived_s),
             limits,
             deferrals,
             slot: None,
+        }
+    }
+
+    /// The objectives a decision at `now_s` must meet: the `asked` TTFT less the time
+    /// already spent since arrival (TPOT is untouched). Floored at [`MIN_TTFT_LEFT_MS`]:
+    /// a request already past its TTFT objective cannot meet it, and is placed as one
+    /// that nothing fits (its tenant's fallback).
+    pub fn remaining(&self, asked: Slo, now_s: f64) -> Slo {
+        let spent_ms = ((now_s - self.arrived_s) * 1e3).max(0.0);
+        Slo {
+            ttft_ms: (asked.ttft_ms - spent_ms).max(MIN_TTFT_LEFT_MS),
+            tpot_ms: asked.tpot_ms,
         }
     }
 

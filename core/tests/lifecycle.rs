@@ -301,3 +301,20 @@ fn finishing_gives_exact_or_censored_labels() {
     };
     assert!(nothing.samples(&learn, 1.0).is_empty());
 }
+
+#[test]
+fn each_decision_is_asked_for_the_ttft_objective_left_since_arrival() {
+    let p = profile(Fallback::LeastBad);
+    let adm = Admission::new(&p, 10.0, LIMITS, Deferrals::new());
+    // At arrival the whole objective; 250 ms later (gate, tokenizing, a deferral) the
+    // rest; TPOT is per token and untouched.
+    assert_eq!(adm.remaining(p.slo, 10.0).ttft_ms, 1000.0);
+    let later = adm.remaining(p.slo, 10.25);
+    assert!((later.ttft_ms - 750.0).abs() < 1e-6, "{later:?}");
+    assert_eq!(later.tpot_ms, 50.0);
+    // Past the objective: a positive floor, so nothing fits and the fallback decides.
+    let past = adm.remaining(p.slo, 12.0);
+    assert_eq!(past.ttft_ms, lifecycle::MIN_TTFT_LEFT_MS);
+    // A clock read before arrival (another thread's) never adds budget.
+    assert_eq!(adm.remaining(p.slo, 9.9).ttft_ms, 1000.0);
+}

@@ -14,6 +14,10 @@ const TPOT_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
 ];
 const REL_ERR_BUCKETS: &[f64] = &[0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0];
+/// Arrival → dispatch (s): microseconds when nothing waits, up to a deferral's seconds.
+const WAIT_BUCKETS: &[f64] = &[
+    1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+];
 /// Label ÷ engine-reported value: honest labels sit near 1.
 const RATIO_BUCKETS: &[f64] = &[
     0.25, 0.5, 0.75, 0.85, 0.9, 1.0, 1.1, 1.15, 1.25, 1.5, 2.0, 4.0,
@@ -41,6 +45,8 @@ pub struct Metrics {
     pub scrape_rejected: IntCounterVec,
     pub scrape_period: GaugeVec,
     pub decision_seconds: HistogramVec,
+    /// Arrival → dispatch of each routed request.
+    pub router_wait: prometheus::Histogram,
     pub rejected: IntCounterVec,
     pub fallbacks: IntCounterVec,
     pub forecast_rel_error: HistogramVec,
@@ -88,7 +94,7 @@ impl Metrics {
                 &r,
                 h(
                     "headroom_ttft_seconds",
-                    "Time to first token, dispatch to first content chunk.",
+                    "Time to first token as the client saw it: arrival at the router to the first content chunk (headroom_router_wait_seconds is the router's part).",
                     LATENCY_BUCKETS,
                     &["model", "replica"],
                 ),
@@ -206,6 +212,17 @@ impl Metrics {
                     DECISION_BUCKETS,
                     &["policy"],
                 ),
+            ),
+            router_wait: reg(
+                &r,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "headroom_router_wait_seconds",
+                        "Arrival to dispatch of each routed request: reading the body, tokenizing, the tenant's gate, deciding and deferrals (part of the client's TTFT).",
+                    )
+                    .buckets(WAIT_BUCKETS.to_vec()),
+                )
+                .expect("static histogram options are valid"),
             ),
             rejected: reg(
                 &r,

@@ -154,3 +154,102 @@ async fn concurrency_limit_is_429_and_a_full_fleet_is_503_both_within_max_wait()
     }
     assert!(ok, "the slot was never released after the client left");
 }
+
+/// A request that waited at the gate saw that wait in its TTFT: the forecast in its
+/// headers, the decision record's measured TTFT and `headroom_ttft_seconds` all count
+/// from arrival at the router, and the wait itself is reported apart.
+#[tokio::test]
+async fn time_waited_at_the_gate_counts_in_the_forecast_and_the_measured_ttft() {
+    let m = mock("m").await;
+    m.set(Behaviour::Stall);
+    let r = router(&[m.url()], PolicyName::Slo, |c| {
+        c.admission.per_replica_in_flight = 1;
+        c.admission.max_wait_ms = 5_000;
+        c.proxy.first_byte_timeout_ms = 10_000;
+    })
+    .await;
+    let c = client();
+    let url = r.url("/v1/chat/completions");
+    let chat = json!({"model":"m","stream":true,"max_tokens":4,
+        "messages":[{"role":"user","content":"hello there"}]});
+    let held = tokio::spawn({
+        let (c, url, chat) = (c.clone(), url.clone(), chat.clone());
+        async move { c.post(url).json(&chat).send().await }
+    });
+    for _ in 0..100 {
+        if m.hits.load(std::sync::atomic::Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The second waits at the gate until the first's client leaves (≥ 400 ms).
+    let waiting = tokio::spawn({
+        let (c, url, chat) = (c.clone(), url.clone(), chat.clone());
+        async move { c.post(url).json(&chat).send().await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    m.set(Behaviour::Normal);
+    held.abort();
+    let resp = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("admitted once the slot freed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let header = |k: &str| -> f64 { resp.headers()[k].to_str().unwrap().parse().unwrap() };
+    let (ttft, upper) = (
+        header("x-headroom-predicted-ttft-ms"),
+        header("x-headroom-predicted-ttft-upper-ms"),
+    );
+    assert!(
+        ttft >= 350.0 && upper >= ttft,
+        "forecast {ttft} / {upper} ms"
+    );
+    let id: u64 = resp.headers()["x-headroom-decision-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    resp.text().await.unwrap();
+    let mut rec = Value::Null;
+    for _ in 0..100 {
+        rec = r.get_json(&format!("/debug/decisions/{id}")).await;
+        if rec["measured"].is_object() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let measured = &rec["measured"];
+    let (wait, ttft) = (
+        measured["router_wait_ms"].as_f64().unwrap(),
+        measured["ttft_ms"].as_f64().unwrap(),
+    );
+    assert!(wait >= 350.0 && ttft > wait, "{measured}");
+    let metrics = c
+        .get(r.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // The waited request's TTFT falls past the 0.3 s bucket (it started at arrival).
+    let over = |line: &str| {
+        line.starts_with("headroom_ttft_seconds_bucket") && line.contains("le=\"0.3\"")
+    };
+    let below: f64 = metrics
+        .lines()
+        .filter(|l| over(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let count: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("headroom_ttft_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(count >= 1.0 && below < count, "{metrics}");
+    assert!(
+        metrics.contains("headroom_router_wait_seconds_count"),
+        "{metrics}"
+    );
+}

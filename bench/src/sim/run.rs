@@ -638,7 +638,13 @@ impl<'w> Simulator<'w> {
                 }
             }
         }
-        let routed = match decide::route(&inputs, &prep.profile, t, &mut node.rng) {
+        // The TTFT objective left after any deferral (`Admission::remaining`), as the
+        // proxy asks it; the tenant's own objectives are restored for what follows.
+        let asked = prep.profile.slo;
+        prep.profile.slo = prep.admission.remaining(asked, t);
+        let routed = decide::route(&inputs, &prep.profile, t, &mut node.rng);
+        prep.profile.slo = asked;
+        let routed = match routed {
             Ok(r) => r,
             Err(e) => {
                 let why = e.to_string();

@@ -291,9 +291,12 @@ pub struct Measured {
     pub status: &'static str,
     /// The replica that served (after retries, if any).
     pub replica: String,
+    /// Arrival → first token: what the client saw (the router's own wait included).
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
     pub e2e_ms: f64,
+    /// Arrival → dispatch: the part of `ttft_ms` spent at the router.
+    pub router_wait_ms: f64,
     pub output_tokens: Option<u32>,
     pub prompt_tokens: Option<u32>,
     pub cached_tokens: Option<u32>,

@@ -46,6 +46,20 @@ impl Outcome {
             .map(|v| v / 1e3);
         engine.or(self.tpot_stream_s)
     }
+
+    /// Arrival → dispatch (s): what the request spent at the router (reading the body,
+    /// tokenizing, the tenant's gate, deciding, deferrals) before any replica saw it.
+    pub fn router_wait_s(&self) -> f64 {
+        self.dispatched
+            .saturating_duration_since(self.arrived)
+            .as_secs_f64()
+    }
+
+    /// The TTFT the client saw (s): arrival → first content chunk. Attainment and the
+    /// TTFT histogram use it; the model learns [`Outcome::ttft_s`], the replica's part.
+    pub fn client_ttft_s(&self) -> Option<f64> {
+        self.ttft_s.map(|t| t + self.router_wait_s())
+    }
 }
 
 impl OutcomeStatus {
@@ -69,7 +83,7 @@ pub struct Outcome {
     pub dispatched: Instant,
     /// When the request reached the router.
     pub arrived: Instant,
-    /// Dispatch → first content chunk (streams only).
+    /// Dispatch → first content chunk (streams only): the TTFT label.
     pub ttft_s: Option<f64>,
     /// TPOT as the client saw it: (last − first content) / (tokens − 1), streams with
     /// ≥ 2 tokens spread over more than one read (attainment and the TPOT histogram).
@@ -102,7 +116,7 @@ pub use headroom_core::lifecycle::Reported;
 
 /// The record's measurements of an outcome, against the request's objectives.
 fn measured(o: &Outcome, asked: &Asked) -> Measured {
-    let ttft_ms = o.ttft_s.map(|s| s * 1e3);
+    let ttft_ms = o.client_ttft_s().map(|s| s * 1e3);
     let tpot_ms = o.tpot_s.map(|s| s * 1e3);
     Measured {
         status: o.status.label(),
@@ -110,6 +124,7 @@ fn measured(o: &Outcome, asked: &Asked) -> Measured {
         ttft_ms,
         tpot_ms,
         e2e_ms: o.e2e_s * 1e3,
+        router_wait_ms: o.router_wait_s() * 1e3,
         output_tokens: o.output_tokens,
         prompt_tokens: o.prompt_tokens,
         cached_tokens: o.cached_tokens,
@@ -237,9 +252,10 @@ impl Outcomes {
         m.requests
             .with_label_values(&[&o.model, r, o.status.label()])
             .inc();
-        if let Some(t) = o.ttft_s {
+        if let Some(t) = o.client_ttft_s() {
             m.ttft.with_label_values(&[&o.model, r]).observe(t);
         }
+        m.router_wait.observe(o.router_wait_s());
         if let Some(t) = o.tpot_s {
             m.tpot.with_label_values(&[&o.model, r]).observe(t);
         }

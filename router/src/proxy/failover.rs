@@ -479,12 +479,14 @@ pub async fn resume(
     endpoint: Endpoint,
     body: Bytes,
     headers: HeaderMap,
-    profile: RequestProfile,
+    mut profile: RequestProfile,
     arrived: Instant,
 ) -> Result<Resumed, &'static str> {
     // The continuation is not a decision record of its own (the request's record has the
     // first placement).
-    let (targets, _) = super::plan(&path, &profile, Instant::now(), None)
+    // Planned as a fresh arrival: the client already has its first token, so the
+    // continuation's own first token is what the TTFT objective now bounds.
+    let (targets, _) = super::plan(&path, &mut profile, Instant::now(), None)
         .await
         .map_err(|_| "no_replica")?;
     for (tried, target) in targets

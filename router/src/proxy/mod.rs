@@ -124,12 +124,27 @@ fn choose(
 }
 
 /// Decides, deferring (bounded, within the request's deadline) while nothing fits.
+/// Each decision is asked for the TTFT objective that is left since arrival
+/// ([`Admission::remaining`]); `profile` holds the tenant's own objectives again after.
 async fn plan(
     path: &RequestPath,
-    profile: &RequestProfile,
+    profile: &mut RequestProfile,
     arrived: Instant,
     record: Option<u64>,
 ) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
+    let asked = profile.slo;
+    let planned = plan_within(path, profile, arrived, record).await;
+    profile.slo = asked;
+    planned
+}
+
+async fn plan_within(
+    path: &RequestPath,
+    profile: &mut RequestProfile,
+    arrived: Instant,
+    record: Option<u64>,
+) -> Result<(Vec<Target>, Option<&'static str>), ApiError> {
+    let asked = profile.slo;
     let limits = DeferLimits {
         budget: path.cfg.slo.defer_budget,
         max_deferred: path.cfg.slo.max_deferred,
@@ -142,6 +157,7 @@ async fn plan(
         path.deferred.clone(),
     );
     loop {
+        profile.slo = admission.remaining(asked, clock::now_s());
         match choose(path, profile, &mut admission, record)? {
             (Admit::Go { targets, fallback }, replicas) => {
                 let targets = targets
@@ -218,7 +234,7 @@ async fn first_frame(
 pub async fn forward(
     path: Arc<RequestPath>,
     parsed: ParsedRequest,
-    profile: RequestProfile,
+    mut profile: RequestProfile,
     headers: HeaderMap,
     arrived: Instant,
     failover: bool,
@@ -236,7 +252,7 @@ pub async fn forward(
         .await;
     }
     let span = trace.as_deref().map(RequestTrace::decide);
-    let planned = plan(&path, &profile, arrived, record).await;
+    let planned = plan(&path, &mut profile, arrived, record).await;
     if let (Some(s), Some(t)) = (span, trace.as_deref()) {
         let (chosen, n, fb) = match &planned {
             Ok((targets, fb)) => (
@@ -534,6 +550,12 @@ fn respond(
 ) -> Response<AxumBody> {
     let r = track.replica.clone();
     let forecast = track.learn.map(|l| l.prediction);
+    // The headers forecast what the client sees: the router's own wait is spent already.
+    let waited_ms = track
+        .dispatched
+        .saturating_duration_since(track.arrived)
+        .as_secs_f64()
+        * 1e3;
     let (parts, body) = resp.into_parts();
     let is_sse = parts
         .headers
@@ -559,8 +581,12 @@ fn respond(
                     h.insert(k, v);
                 }
             };
-            put(h, "x-headroom-predicted-ttft-ms", f.ttft_ms);
-            put(h, "x-headroom-predicted-ttft-upper-ms", f.ttft_upper_ms);
+            put(h, "x-headroom-predicted-ttft-ms", waited_ms + f.ttft_ms);
+            put(
+                h,
+                "x-headroom-predicted-ttft-upper-ms",
+                waited_ms + f.ttft_upper_ms,
+            );
             put(h, "x-headroom-predicted-tpot-ms", f.tpot_ms);
             put(h, "x-headroom-predicted-tpot-upper-ms", f.tpot_upper_ms);
         }

@@ -273,6 +273,8 @@ pub async fn forward(
     replicas: Replicas,
     trace: &mut Option<Box<RequestTrace>>,
 ) -> Result<Response<AxumBody>, ApiError> {
+    // The router's wait before the pair was planned: the client's clock ran meanwhile.
+    let waited_ms = arrived.elapsed().as_secs_f64() * 1e3;
     let request_id = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
@@ -378,7 +380,7 @@ pub async fn forward(
                     super::replica_header(&prefills[pi].replica),
                 );
                 if path.cfg.prediction_headers {
-                    pair_headers(h, &plan, planned);
+                    pair_headers(h, &plan, planned, waited_ms);
                 }
                 return Ok(out);
             }
@@ -398,20 +400,25 @@ pub async fn forward(
     all_failed(&path, record, last_reason, last_error, decodes.last())
 }
 
-/// The pair's forecast in the prediction headers (the planned pair's; a retried
-/// pair keeps D's TPOT and drops the TTFT it was not planned with).
-fn pair_headers(h: &mut HeaderMap, plan: &PdPlan, planned: bool) {
+/// The pair's forecast in the prediction headers (the planned pair's, plus the router's
+/// wait before it was planned; a retried pair keeps D's TPOT and drops the TTFT it was
+/// not planned with).
+fn pair_headers(h: &mut HeaderMap, plan: &PdPlan, planned: bool, waited_ms: f64) {
     let put = |h: &mut HeaderMap, k: &'static str, v: f64| {
         if let Ok(v) = HeaderValue::from_str(&format!("{v:.1}")) {
             h.insert(k, v);
         }
     };
     if planned {
-        put(h, "x-headroom-predicted-ttft-ms", plan.prediction.ttft_ms);
+        put(
+            h,
+            "x-headroom-predicted-ttft-ms",
+            waited_ms + plan.prediction.ttft_ms,
+        );
         put(
             h,
             "x-headroom-predicted-ttft-upper-ms",
-            plan.prediction.ttft_upper_ms,
+            waited_ms + plan.prediction.ttft_upper_ms,
         );
         put(
             h,

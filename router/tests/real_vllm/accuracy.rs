@@ -343,6 +343,15 @@ async fn one_seed(
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     watcher.await.expect("watcher");
     let m = r.metrics().await;
+    // The router's own share of every TTFT (arrival → dispatch), included in the
+    // forecasts the headers carry.
+    let waited = |k: &str| metric(&m, &format!("headroom_router_wait_seconds_{k}"), &[]);
+    if let (Some(sum), Some(n)) = (waited("sum"), waited("count")) {
+        println!(
+            "  seed {seed}: router wait (arrival → dispatch) mean {:.2} ms over {n} requests",
+            sum / n.max(1.0) * 1e3
+        );
+    }
     let mut all = recs.lock().expect("lock").clone();
     all.sort_by(|a, b| a.done_at.total_cmp(&b.done_at));
     let warmth = warmth.lock().expect("lock").clone();
