@@ -19,17 +19,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 log() { printf '[kv-events-check %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-STATE="$(mktemp -d)"
-cleanup() {
-    local rc=$?
-    if [[ -f "$STATE/run" ]]; then
-        "$HERE/stop.sh" "$(cat "$STATE/run")" >&2 || true
-    fi
-    rm -rf "$STATE"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# STATE, ROUTER_PID and the exit-path cleanup (servers, router, scratch dir).
+# shellcheck source=scripts/vllm/check-state.sh
+source "$HERE/check-state.sh"
 
 free_ports() {
     python3 - "$1" <<'PY'

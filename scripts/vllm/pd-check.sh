@@ -22,25 +22,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 log() { printf '[pd-check %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-STATE="$(mktemp -d)"
-ROUTER_PID=""
-cleanup() {
-    local rc=$?
-    if [[ -n "$ROUTER_PID" ]]; then
-        kill "$ROUTER_PID" 2>/dev/null || true
-        wait "$ROUTER_PID" 2>/dev/null || true
-    fi
-    if [[ -f "$STATE/run" ]]; then
-        "$HERE/stop.sh" "$(cat "$STATE/run")" >&2 || true
-    fi
-    if ((rc != 0)) && [[ -f "$STATE/router.log" ]]; then
-        log "router log (tail):"; tail -n 30 "$STATE/router.log" >&2 || true
-    fi
-    rm -rf "$STATE"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# STATE, ROUTER_PID and the exit-path cleanup (servers, router, scratch dir).
+# shellcheck source=scripts/vllm/check-state.sh
+source "$HERE/check-state.sh"
 
 mkdir -p "$STATE/kv"
 # No spaces: start.sh word-splits HEADROOM_VLLM_EXTRA_ARGS.

@@ -31,7 +31,7 @@
 //! `max(TTFT bound − TTFT objective, 0)` in seconds, at least 1 s (a TPOT miss clears
 //! as running streams finish, whose remaining lengths the router does not know).
 //!
-//! Slack hold (`hold`, a share of the TTFT objective; 0 = off): when the chosen
+//! Slack hold (`hold`, a share of the TTFT objective; 0 = off, the default): when the chosen
 //! placement fits with its TTFT bound at most `hold` × the objective and its replica
 //! has streamed requests queued for prefill (placed by this node, no token yet: a
 //! non-streamed one shows no first token; peers' are not gossiped), the request goes to a fitting replica without a
@@ -109,7 +109,12 @@ pub struct SloConfig {
     /// Slack hold ([`holds`]): a request whose chosen placement fits with its TTFT
     /// bound at most this share of its objective waits at the router while every
     /// replica it fits on has streams queued for prefill ([`busy`]), and goes to the first that
-    /// drains (within the defer budget). 0 disables.
+    /// drains (within the defer budget). 0 disables. Off by default: on the slower
+    /// machine of 2026-12-04 (2.4 req/s) a hold of 0.5 was ahead of no hold in 5 runs of
+    /// 5, but on the faster one of 2026-12-05 at 10 req/s it was behind on all three
+    /// seeds (75.0/86.6/96.2% against 99.2/88.3/100.0%, same runs): the held requests
+    /// grew from 2 to 29 per 10 s ahead of a KV surge the pair did not drain, a collapse
+    /// worse than anything the hold gained (`bench/results/real-vllm/2026-12-05` §7).
     pub hold: f64,
 }
 
@@ -128,7 +133,7 @@ impl Default for SloConfig {
             defer_budget: 0.5,
             max_deferred: 1024,
             probe_idle_s: 0.5,
-            hold: 0.5,
+            hold: 0.0,
         }
     }
 }
