@@ -61,14 +61,7 @@ async fn over_its_request_rate_a_tenant_gets_429_with_the_buckets_retry_after() 
     let retry = refusal(send().await.unwrap(), 429, "rate_limit_exceeded").await;
     assert!((29..=30).contains(&retry), "{retry}");
     assert_eq!(m.hits.load(std::sync::atomic::Ordering::SeqCst), 2);
-    let metrics = c
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = r.metrics_text().await;
     assert!(
         metrics.contains(
             "headroom_admission_total{outcome=\"rejected\",reason=\"rate_requests\",tenant=\"capped\"} 1"
@@ -225,14 +218,7 @@ async fn time_waited_at_the_gate_counts_in_the_forecast_and_the_measured_ttft() 
         measured["ttft_ms"].as_f64().unwrap(),
     );
     assert!(wait >= 350.0 && ttft > wait, "{measured}");
-    let metrics = c
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = r.metrics_text().await;
     // The waited request's TTFT falls past the 0.3 s bucket (it started at arrival).
     let over = |line: &str| {
         line.starts_with("headroom_ttft_seconds_bucket") && line.contains("le=\"0.3\"")

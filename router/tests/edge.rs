@@ -203,14 +203,7 @@ async fn slow_loris_connections_are_timed_out_and_do_not_starve_normal_clients()
         closed, 250,
         "trickling connections outlived the header deadline"
     );
-    let metrics = c
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = r.metrics_text().await;
     assert!(
         metrics.contains("headroom_edge_connections_closed_total{reason=\"header_timeout\"}"),
         "{metrics}"
@@ -245,14 +238,7 @@ async fn at_the_cap_idle_connections_make_room_for_real_clients() {
         }
     }
     assert!(closed >= 1, "no idle connection was closed to make room");
-    let metrics = c
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = r.metrics_text().await;
     let open: f64 = metrics
         .lines()
         .find(|l| l.starts_with("headroom_edge_open_connections "))
@@ -378,14 +364,7 @@ async fn replica_credentials_never_show() {
         .unwrap()
         .to_string();
     assert_eq!(replica, m.addr.to_string());
-    let metrics = c
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = r.metrics_text().await;
     let debug = c
         .get(r.url("/debug/replicas"))
         .send()

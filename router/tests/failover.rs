@@ -212,14 +212,7 @@ fn text_of(evs: &[Value]) -> String {
 }
 
 async fn metric(r: &common::TestRouter, line: &str) -> f64 {
-    let text = client()
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = r.metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix(line).map(|v| v.trim().parse().unwrap()))
         .unwrap_or(0.0)

@@ -170,14 +170,7 @@ async fn cached_tokens_equal_the_engine_through_loss_and_restart() {
         assert_eq!(a.router, a.engine, "after the restart: request {i}");
         synced(&r, &mock).await;
     }
-    let m = common::client()
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = r.metrics_text().await;
     assert!(
         m.lines().any(|l| l.starts_with("headroom_kv_feed_state{")
             && l.contains("state=\"precise\"")

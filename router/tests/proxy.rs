@@ -41,14 +41,7 @@ async fn stream_passes_through_and_strips_injected_usage() {
         sse_events(false, 3, true).concat()
     );
     // The router measured the stream.
-    let metrics = client()
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = r.metrics_text().await;
     assert!(metrics.contains("headroom_ttft_seconds_count"), "{metrics}");
     assert!(metrics.contains("status=\"ok\"} 2"), "{metrics}");
 }
@@ -69,14 +62,7 @@ async fn non_streaming_is_identical_to_direct() {
     // A whole response is a completed request, not a cancelled one.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     loop {
-        let metrics = client()
-            .get(r.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = r.metrics_text().await;
         if metrics.contains("status=\"ok\"} 1") {
             break;
         }

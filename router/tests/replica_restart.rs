@@ -45,14 +45,7 @@ async fn a_restarted_engine_is_forgotten_by_the_prefix_index() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let text = client()
-        .get(r.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = r.metrics_text().await;
     let line = text
         .lines()
         .find(|l| l.starts_with("headroom_replica_restarts_total{"))

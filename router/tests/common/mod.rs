@@ -275,6 +275,18 @@ impl TestRouter {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// GET `/metrics` as text.
+    pub async fn metrics_text(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// GET `path` and parse the JSON answer.
     pub async fn get_json(&self, path: &str) -> Value {
         client()
