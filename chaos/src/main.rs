@@ -70,6 +70,10 @@ struct ScaleArgs {
     /// Scrape period (ms) of each replica's owners.
     #[arg(long, default_value_t = 100)]
     scrape_interval_ms: u64,
+    /// A TOML file appended to every node's config (both sides), e.g. a `[slo]` table
+    /// for an A/B run of a setting.
+    #[arg(long)]
+    router_toml: Option<PathBuf>,
 }
 
 async fn scale_cmd(a: ScaleArgs) -> anyhow::Result<bool> {
@@ -92,6 +96,10 @@ async fn scale_cmd(a: ScaleArgs) -> anyhow::Result<bool> {
         scrape_interval_ms: a.scrape_interval_ms,
         ..Default::default()
     };
+    if let Some(p) = &a.router_toml {
+        timings.extra_toml = std::fs::read_to_string(p)
+            .map_err(|e| anyhow::anyhow!("--router-toml {}: {e}", p.display()))?;
+    }
     // Scrapes stay fresh for ten periods (at least the default second), and are shared
     // at most twice per staleness window.
     timings.stale_after_ms = timings.stale_after_ms.max(10 * a.scrape_interval_ms);

@@ -35,6 +35,9 @@ pub struct RouterTimings {
     /// (at most half of `stale_after_ms`).
     pub gossip_interval_ms: u64,
     pub scrape_publish_ms: u64,
+    /// More TOML appended to every node's config (e.g. a `[slo]` table), for A/B runs
+    /// of a setting; empty by default.
+    pub extra_toml: String,
 }
 
 impl Default for RouterTimings {
@@ -58,6 +61,7 @@ impl Default for RouterTimings {
             admission_max_wait_ms: 5_000,
             gossip_interval_ms: 100,
             scrape_publish_ms: 500,
+            extra_toml: String::new(),
         }
     }
 }
@@ -96,6 +100,11 @@ impl RouterTimings {
                 "\n[admission]\nper_replica_in_flight = {}\nmax_wait_ms = {}\n",
                 self.admission_per_replica, self.admission_max_wait_ms
             ));
+        }
+        if !self.extra_toml.is_empty() {
+            t.push('\n');
+            t.push_str(&self.extra_toml);
+            t.push('\n');
         }
         t
     }

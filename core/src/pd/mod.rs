@@ -40,7 +40,7 @@ use crate::{
         Candidate, CandidateError, RequestProfile, build_candidates,
         candidates::build_role_candidates,
         features,
-        slo::{Eval, SloConfig, evaluate, near_best, order, within_tier_key},
+        slo::{Eval, SloConfig, cost_near, evaluate, near_best, order, within_tier_key},
     },
     view::{ReplicaView, Role},
 };
@@ -409,8 +409,8 @@ fn best_unified(
 
 /// The `slo` policy's anti-herd rule over pairs: within the best tier, the tier's key
 /// ([`within_tier_key`]: violation probability within `near_equal` of the best where it
-/// fits, lateness within `cost_tolerance` where it does not), then cost within
-/// `cost_tolerance` of the cheapest, chosen at random.
+/// fits, lateness within `cost_tolerance` where it does not), then cost near the
+/// cheapest ([`cost_near`]), chosen at random.
 fn pick_band(
     evals: &[Eval],
     ranked: &[usize],
@@ -431,7 +431,7 @@ fn pick_band(
         .fold(f64::INFINITY, f64::min);
     let near: Vec<usize> = band
         .into_iter()
-        .filter(|&k| evals[k].cost <= cheapest * (1.0 + slo.cost_tolerance) + 1e-9)
+        .filter(|&k| cost_near(evals[k].cost, cheapest, slo, 0.0))
         .collect();
     near.get(rng.random_range(0..near.len().max(1)))
         .copied()
