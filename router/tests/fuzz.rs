@@ -501,7 +501,6 @@ fn toml_number() -> impl Strategy<Value = String> {
 const NUMERIC_FIELDS: &[(&str, &str)] = &[
     ("slo", "near_equal"),
     ("slo", "cost_tolerance"),
-    ("slo", "cost_slack"),
     ("slo", "hysteresis"),
     ("slo", "cache_weight"),
     ("slo", "explore"),

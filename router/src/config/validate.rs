@@ -304,7 +304,6 @@ fn policies(cfg: &RouterConfig, p: &mut Problems) {
     let s = &cfg.slo;
     p.range("slo.near_equal", s.near_equal, 0.0, 1.0);
     p.range("slo.cost_tolerance", s.cost_tolerance, 0.0, 100.0);
-    p.range("slo.cost_slack", s.cost_slack, 0.0, 10.0);
     p.range("slo.hysteresis", s.hysteresis, 0.0, 1.0);
     p.at_least("slo.cache_weight", s.cache_weight, 0.0);
     p.range("slo.explore", s.explore, 0.0, 1.0);
