@@ -34,11 +34,11 @@ impl ReplicaView for Replica {
     fn routable(&self) -> bool {
         self.health.routable() && !self.region_dark.load(std::sync::atomic::Ordering::Relaxed)
     }
-    fn scraped(&self) -> Option<Arc<Scraped>> {
-        self.scraped.load_full()
+    fn scraped(&self) -> Option<Scraped> {
+        self.scraped.load()
     }
     fn peer_load(&self) -> PeerLoad {
-        **self.peer_load.load()
+        self.peer_load.load()
     }
     fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger
