@@ -107,27 +107,53 @@ pub struct Cursor {
     pub capacity: u64,
 }
 
-/// A candidate's cursor, indexed by replica id during a match.
+/// A candidate's cursor, indexed by replica id during a match (16 bytes: the walk
+/// visits one per holder, half a million per decision at 1,024 replicas).
 #[derive(Clone, Copy)]
 struct Slot {
     slot: u32,
     /// Leading blocks matched so far by the walk: alive at block `i` while it is `i`.
+    /// `HOLDS_NONE` for no candidate, or one whose capacity is 0: never a block index.
     matched: u32,
-    seq: u64,
-    capacity: u64,
+    /// The oldest position still presumed held: for capacity `c > 0`,
+    /// `cursor − seq < c` (saturating) ⇔ `seq ≥ cursor − (c − 1)` (saturating), so
+    /// the inner loop compares once instead of subtracting and comparing.
+    min_seq: u64,
 }
+
+/// `Slot::matched` of a slot that holds nothing.
+const HOLDS_NONE: u32 = u32::MAX;
 
 impl Slot {
     const NONE: Slot = Slot {
         slot: u32::MAX,
-        matched: u32::MAX,
-        seq: 0,
-        capacity: 0,
+        matched: HOLDS_NONE,
+        min_seq: u64::MAX,
     };
+
+    fn new(slot: u32, c: &Cursor) -> Slot {
+        match c.capacity {
+            0 => Slot { slot, ..Slot::NONE },
+            cap => Slot {
+                slot,
+                matched: 0,
+                min_seq: c.seq.saturating_sub(cap - 1),
+            },
+        }
+    }
 
     /// This candidate's replica was sent the block within its last `capacity` misses.
     fn holds(&self, hd: &Holder) -> bool {
-        self.slot != u32::MAX && self.seq.saturating_sub(hd.seq) < self.capacity
+        self.matched != HOLDS_NONE && hd.seq >= self.min_seq
+    }
+
+    /// Leading blocks matched (0 for a slot that holds nothing).
+    fn matched(&self) -> u32 {
+        if self.matched == HOLDS_NONE {
+            0
+        } else {
+            self.matched
+        }
     }
 
     /// The walk at block `i` meets holder `hd` of it: one more block matched (1) when
@@ -135,8 +161,7 @@ impl Slot {
     /// as the walk's inner loop; an empty slot's `matched` is never a block index.
     #[inline(always)]
     fn extend(&mut self, i: u32, hd: &Holder) -> u32 {
-        let hit =
-            u32::from((self.matched == i) & (self.seq.saturating_sub(hd.seq) < self.capacity));
+        let hit = u32::from((self.matched == i) & (hd.seq >= self.min_seq));
         self.matched += hit;
         hit
     }
@@ -226,17 +251,12 @@ impl PrefixIndex {
         if cursors.is_empty() {
             return None;
         }
-        // Replica id → (candidate slot, cursor, capacity, progress): one lookup per
+        // Replica id → (candidate slot, progress, oldest position held): one lookup per
         // holder walked.
         let max_id = cursors.iter().map(|c| c.replica).max().unwrap_or(0) as usize;
         let mut tab = vec![Slot::NONE; max_id + 1];
         for (i, c) in cursors.iter().enumerate() {
-            tab[c.replica as usize] = Slot {
-                slot: i as u32,
-                matched: 0,
-                seq: c.seq,
-                capacity: c.capacity,
-            };
+            tab[c.replica as usize] = Slot::new(i as u32, c);
         }
         for (i, h) in blocks.iter().enumerate() {
             let shard = self.shards[shard_of(*h)].lock();
@@ -260,7 +280,7 @@ impl PrefixIndex {
         for (i, c) in cursors.iter().enumerate() {
             let t = &tab[c.replica as usize];
             if t.slot == i as u32 {
-                out[i] = t.matched;
+                out[i] = t.matched();
             }
         }
         Some(tab)

@@ -13,7 +13,9 @@ pub enum EngineKind {
 }
 
 /// One replica's engine state as of `at_s`.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+/// `Copy`: a decision copies it out of the host's cell per candidate (no reference
+/// count to bump on a cache line every decision thread shares).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Scraped {
     pub at_s: f64,
     pub engine: EngineKind,

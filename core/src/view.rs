@@ -141,8 +141,8 @@ pub trait ReplicaView: Send + Sync + std::fmt::Debug {
     fn serving(&self, model: &str) -> Serving;
     /// Healthy and ready to take a request now.
     fn routable(&self) -> bool;
-    /// The last scrape, however old.
-    fn scraped(&self) -> Option<Arc<Scraped>>;
+    /// The last scrape, however old (a copy: read per candidate per decision).
+    fn scraped(&self) -> Option<Scraped>;
     /// Other router nodes' in-flight work here.
     fn peer_load(&self) -> PeerLoad;
     /// This node's bookings here.
@@ -180,7 +180,7 @@ impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
     fn routable(&self) -> bool {
         (**self).routable()
     }
-    fn scraped(&self) -> Option<Arc<Scraped>> {
+    fn scraped(&self) -> Option<Scraped> {
         (**self).scraped()
     }
     fn peer_load(&self) -> PeerLoad {
@@ -265,8 +265,8 @@ impl ReplicaView for PlainReplica {
     fn routable(&self) -> bool {
         self.routable
     }
-    fn scraped(&self) -> Option<Arc<Scraped>> {
-        self.scraped.clone()
+    fn scraped(&self) -> Option<Scraped> {
+        self.scraped.as_deref().copied()
     }
     fn peer_load(&self) -> PeerLoad {
         self.peer_load

@@ -28,6 +28,7 @@ pub mod federation;
 pub mod journal;
 mod learner;
 mod linalg;
+pub mod memo;
 mod normal;
 pub mod observation;
 mod persist;

@@ -198,8 +198,9 @@ impl<const D: usize> TargetParams<D> {
         let mut sigma = b.log_sigma;
         let guarded = b.recent_log_err > b.guard_log;
         if guarded {
-            upper = upper.max(mu * (guard_factor * b.recent_log_err).exp());
-            sigma = sigma.max((upper / median).ln() / z_hi);
+            // Both arguments are the band's constants up to rounding: memoised (exact).
+            upper = upper.max(mu * crate::memo::exp(guard_factor * b.recent_log_err));
+            sigma = sigma.max(crate::memo::ln(upper / median) / z_hi);
         }
         Evaluated {
             mu,

@@ -66,7 +66,7 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
             }));
             r.health
                 .on_success(headroom::fleet::Signal::Probe, 0, &Default::default());
-            r.scraped.store(Some(Arc::new(Scraped {
+            r.scraped.store(Some(Scraped {
                 at_s: 0.0,
                 engine: EngineKind::Vllm,
                 running: (i % 17) as f64,
@@ -79,7 +79,7 @@ fn fleet(n: usize) -> Vec<Arc<Replica>> {
                 preemptions: 0.0,
                 preemption_rate: 0.0,
                 rejected_values: 0,
-            })));
+            }));
             // Some in-flight work so features are not all zero.
             for k in 0..(i % 4) {
                 std::mem::forget(r.ledger.book(

@@ -2,7 +2,9 @@
 //! lock-free cells (served models, health, last scrape, peers' load, ledger).
 //!
 //! Invariant: each read is one atomic snapshot of its cell; a decision may see one
-//! cell a moment newer than another, never a torn value.
+//! cell a moment newer than another, never a torn value. Cost per candidate: one
+//! `ArcSwap` load (models: two atomic read-modify-writes) and two seqlock copies (last
+//! scrape, peers' load: plain loads, retried only while a writer is mid-store).
 
 use std::sync::{Arc, atomic::AtomicU64};
 
@@ -34,11 +36,11 @@ impl ReplicaView for Replica {
     fn routable(&self) -> bool {
         self.health.routable() && !self.region_dark.load(std::sync::atomic::Ordering::Relaxed)
     }
-    fn scraped(&self) -> Option<Arc<Scraped>> {
-        self.scraped.load_full()
+    fn scraped(&self) -> Option<Scraped> {
+        self.scraped.load()
     }
     fn peer_load(&self) -> PeerLoad {
-        **self.peer_load.load()
+        self.peer_load.load()
     }
     fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger

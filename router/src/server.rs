@@ -406,7 +406,7 @@ async fn debug_replicas(State(path): State<Arc<RequestPath>>) -> Json<Value> {
         .replicas()
         .iter()
         .map(|r| {
-            let scraped = r.scraped.load_full();
+            let scraped = r.scraped.load();
             let own = r.ledger.load(now);
             let peer = r.peer_load.load();
             json!({
@@ -418,7 +418,7 @@ async fn debug_replicas(State(path): State<Arc<RequestPath>>) -> Json<Value> {
                 "backpressure_429s": r.health.backpressure_total(),
                 "last_backpressure_age_s": r.health.last_backpressure_age_s(now_ms),
                 "models": &r.models.load().models,
-                "scraped": scraped.as_deref(),
+                "scraped": scraped.as_ref(),
                 "scraped_age_s": scraped.as_ref().map(|s| now - s.at_s),
                 "inflight": {
                     "requests": own.requests, "queued_requests": own.queued_requests,

@@ -18,7 +18,7 @@ pub fn observation(req: &RequestProfile, c: &Candidate<'_>) -> Observation {
 
 /// As [`observation`], with the candidate's total load already summed.
 pub fn observation_with(req: &RequestProfile, c: &Candidate<'_>, load: &Load) -> Observation {
-    let s = c.scraped.as_deref();
+    let s = c.scraped.as_ref();
     Observation {
         prompt_tokens: req.prompt_tokens as f64,
         cached_tokens: c.cached_tokens.min(req.prompt_tokens) as f64,

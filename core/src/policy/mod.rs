@@ -14,8 +14,6 @@ pub mod rank;
 pub mod registry;
 pub mod slo;
 
-use std::sync::Arc;
-
 use headroom_predictor::Prediction;
 use serde::{Deserialize, Serialize};
 
@@ -89,7 +87,7 @@ pub struct Candidate<'a> {
     pub peers: Load,
     pub peers_age_s: f64,
     /// Last scraped engine state, if fresh enough to use.
-    pub scraped: Option<Arc<Scraped>>,
+    pub scraped: Option<Scraped>,
     pub scraped_age_s: f64,
     /// KV capacity in tokens from the last scrape, however old (it does not drift).
     pub kv_capacity_tokens: Option<u64>,

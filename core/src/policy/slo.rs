@@ -51,7 +51,7 @@ use std::sync::{
     atomic::{AtomicU32, Ordering::Relaxed},
 };
 
-use headroom_predictor::{ModelState, Prediction, SharedPredictor, lognormal_tail};
+use headroom_predictor::{ModelState, Prediction, SharedPredictor, lognormal_tail, memo};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -240,7 +240,9 @@ pub fn tail_within(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) ->
     if bound == upper {
         return lognormal_tail(median, sigma, slo);
     }
-    let (lu, lb) = ((upper / median).ln(), (bound / median).ln());
+    // upper/median is its band's constant up to rounding (memoised, exact); the bound's
+    // ratio follows the forecast.
+    let (lu, lb) = (memo::ln(upper / median), (bound / median).ln());
     let sigma = if lb > lu && lu > 0.0 && lu.is_finite() && lb.is_finite() {
         sigma * lb / lu
     } else {
@@ -398,11 +400,17 @@ impl SloPolicy {
             .iter()
             .map(|&i| within_tier_key(&evals[i]))
             .fold(f64::INFINITY, f64::min);
+        // The previous pick's candidate, if it is one (ids are unique): found once, not
+        // by a virtual call per feasible candidate in each filter below.
         let last = self.last.load(Relaxed);
+        let prev = feasible
+            .iter()
+            .copied()
+            .find(|&i| cands[i].replica.id() + 1 == last);
         let band: Vec<usize> = feasible
             .into_iter()
             .filter(|&i| {
-                let extra = if cands[i].replica.id() + 1 == last {
+                let extra = if Some(i) == prev {
                     self.cfg.hysteresis
                 } else {
                     0.0
@@ -419,7 +427,7 @@ impl SloPolicy {
         let near: Vec<usize> = band
             .into_iter()
             .filter(|&i| {
-                let extra = if cands[i].replica.id() + 1 == last {
+                let extra = if Some(i) == prev {
                     self.cfg.hysteresis
                 } else {
                     0.0
@@ -497,9 +505,12 @@ impl Policy for SloPolicy {
             .count();
         // What the client would see through each round trip (0 in region): the
         // predictions the decision reports. In place, once the engine-side ones are used.
+        // Only remote ones change (a zero shift is the identity): no copy of the others.
         let to_seen = |preds: &mut Vec<Prediction>| {
             for (p, r) in preds.iter_mut().zip(&rtts) {
-                *p = region::with_rtt(*p, r.unwrap_or(0.0));
+                if let Some(r) = *r {
+                    *p = region::with_rtt(*p, r);
+                }
             }
         };
         if (warm as f64) < self.cfg.min_warm_fraction * pool as f64 {

@@ -372,7 +372,7 @@ impl KvFeeds {
             }
             let Some(block_size) = src
                 .block_size
-                .or_else(|| r.scraped.load().as_deref().and_then(|s| s.block_size))
+                .or_else(|| r.scraped.load().and_then(|s| s.block_size))
                 .filter(|b| *b > 0)
             else {
                 self.wait(r.id, "block size not known yet (kv_block_size or a scrape)");

@@ -75,17 +75,17 @@ async fn scrape_loop(fleet: Arc<Fleet>, r: Arc<Replica>, token: CancellationToke
         match result {
             Ok((status, body)) if status.is_success() => {
                 let text = String::from_utf8_lossy(&body);
-                let prev = r.scraped.load_full();
-                match parse_metrics(&text, prev.as_deref(), now) {
+                let prev = r.scraped.load();
+                match parse_metrics(&text, prev.as_ref(), now) {
                     Ok(s) => {
-                        fleet.note_scrape(&r, prev.as_deref(), &s, "own");
+                        fleet.note_scrape(&r, prev.as_ref(), &s, "own");
                         if s.rejected_values > 0 {
                             fleet
                                 .metrics
                                 .scrape_rejected_values(&r.name, s.rejected_values);
                         }
+                        r.scraped.store(Some(s));
                         let s = Arc::new(s);
-                        r.scraped.store(Some(s.clone()));
                         if let Some(share) = &share {
                             share.scraped(&r, &s);
                         }

@@ -555,11 +555,11 @@ impl MeshRuntime {
             WireValue::Scrape(w) => {
                 self.heard_scrapes.lock().insert(w.replica, now);
                 if let Some(r) = self.replicas_by_key().get(&w.replica) {
-                    let prev = r.scraped.load_full();
-                    let s = w.to_scraped(now - age.as_secs_f64(), prev.as_deref());
+                    let prev = r.scraped.load();
+                    let s = w.to_scraped(now - age.as_secs_f64(), prev.as_ref());
                     if prev.as_ref().is_none_or(|p| s.at_s > p.at_s) {
-                        self.local.fleet.note_scrape(r, prev.as_deref(), &s, "peer");
-                        r.scraped.store(Some(Arc::new(s)));
+                        self.local.fleet.note_scrape(r, prev.as_ref(), &s, "peer");
+                        r.scraped.store(Some(s));
                     }
                 }
             }

@@ -130,10 +130,10 @@ impl PeerTable {
                     oldest = oldest.min(rep.at_s);
                 }
             }
-            r.peer_load.store(Arc::new(PeerLoad {
+            r.peer_load.store(PeerLoad {
                 load: sum,
                 updated_s: oldest,
-            }));
+            });
         }
     }
 }

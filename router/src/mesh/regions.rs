@@ -138,7 +138,7 @@ pub fn summarize(
     let free: Vec<f64> = healthy
         .iter()
         .filter_map(|r| {
-            let s = r.scraped.load_full()?;
+            let s = r.scraped.load()?;
             (now_s - s.at_s <= stale_after_s).then_some(1.0 - s.kv_usage?.clamp(0.0, 1.0))
         })
         .collect();

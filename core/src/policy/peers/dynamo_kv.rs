@@ -65,7 +65,7 @@ impl DynamoKv {
     /// Block size in tokens for candidate `c`.
     pub fn block_size(&self, c: &Candidate<'_>) -> f64 {
         self.block_size
-            .or_else(|| c.scraped.as_deref().and_then(|s| s.block_size))
+            .or_else(|| c.scraped.as_ref().and_then(|s| s.block_size))
             .filter(|&b| b > 0)
             .unwrap_or(DEFAULT_BLOCK_SIZE) as f64
     }

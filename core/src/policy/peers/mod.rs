@@ -42,7 +42,7 @@ pub(crate) fn prefix_score(req: &RequestProfile, c: &Candidate<'_>) -> f64 {
 /// read zero until its first scrape) or for a nonsense value.
 pub(crate) fn scraped_waiting(c: &Candidate<'_>) -> f64 {
     c.scraped
-        .as_deref()
+        .as_ref()
         .map(|s| s.waiting)
         .filter(|w| w.is_finite() && *w >= 0.0)
         .unwrap_or(0.0)
@@ -51,7 +51,7 @@ pub(crate) fn scraped_waiting(c: &Candidate<'_>) -> f64 {
 /// Scraped KV-cache usage (0..=1); 0 without a fresh scrape, as above.
 pub(crate) fn scraped_kv_usage(c: &Candidate<'_>) -> f64 {
     c.scraped
-        .as_deref()
+        .as_ref()
         .and_then(|s| s.kv_usage)
         .filter(|k| k.is_finite())
         .map_or(0.0, |k| k.clamp(0.0, 1.0))

@@ -64,7 +64,7 @@ pub fn cand(r: &PlainReplica, cached: u32, own: Load) -> Candidate<'_> {
 pub fn cand_s(r: &PlainReplica, cached: u32, own: Load, s: Arc<Scraped>) -> Candidate<'_> {
     Candidate {
         kv_capacity_tokens: s.kv_capacity_tokens(),
-        scraped: Some(s),
+        scraped: Some(*s),
         scraped_age_s: 0.5,
         ..cand(r, cached, own)
     }
