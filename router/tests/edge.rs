@@ -365,14 +365,7 @@ async fn replica_credentials_never_show() {
         .to_string();
     assert_eq!(replica, m.addr.to_string());
     let metrics = r.metrics_text().await;
-    let debug = c
-        .get(r.url("/debug/replicas"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let debug = r.get_text("/debug/replicas").await;
     for (what, text) in [("metrics", &metrics), ("debug", &debug)] {
         assert!(!text.contains("hunter2"), "{what} leaks the password");
         assert!(!text.contains("admin:"), "{what} leaks the user");

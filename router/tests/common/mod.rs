@@ -277,8 +277,13 @@ impl TestRouter {
 
     /// GET `/metrics` as text.
     pub async fn metrics_text(&self) -> String {
+        self.get_text("/metrics").await
+    }
+
+    /// GET `path` as text.
+    pub async fn get_text(&self, path: &str) -> String {
         client()
-            .get(self.url("/metrics"))
+            .get(self.url(path))
             .send()
             .await
             .unwrap()
