@@ -10,6 +10,10 @@
 //! `max_entries`: a shard full at its cap drops its least recently touched quarter
 //! before a new block goes in. Bytes per entry: see [`BYTES_PER_ENTRY`].
 //! Because block hashes are chained, a match on block `i` implies blocks `0..i`.
+//!
+//! Matching a chain that many replicas hold costs one pass over the holders of its last
+//! block, not of every block: a holder there carries a certificate that it still holds
+//! every earlier block (see [`Holder::since`]); only the others are walked block by block.
 
 use std::{
     collections::HashMap,
@@ -24,6 +28,12 @@ const SHARDS: usize = 32;
 /// match is found by bisection (see [`PrefixIndex::match_lengths`]).
 pub const EXACT_HEAD_BLOCKS: usize = 128;
 
+/// Alive candidates from which the walk asks the chain's last block for certificates
+/// ([`PrefixIndex::certify`]): that costs a lookup per block left, which pays where
+/// this many holders would be visited per block, and is mostly wasted where a few
+/// candidates hold a short head of a chain that others hold further.
+const CERTIFY_MIN_ALIVE: u32 = 8;
+
 /// Keys are xxh3 block hashes that clients can steer, so the map keeps a per-process
 /// random seed (foldhash), at a fraction of SipHash's cost on the per-block lookups.
 type Shard = HashMap<u64, Entry, foldhash::fast::RandomState>;
@@ -32,56 +42,93 @@ type Shard = HashMap<u64, Entry, foldhash::fast::RandomState>;
 #[derive(Clone, Copy, Debug)]
 struct Holder {
     replica: u32,
+    /// The index's eviction epoch read before the latest `record` that sent this
+    /// replica the block (in the struct's padding: 16 bytes either way). That call sent
+    /// it every earlier block of the chain too, so while no earlier block's entry was
+    /// created after it (`Entry::born ≤ since`, none was dropped and made again) the
+    /// replica is still among their holders: it matches the whole chain up to here.
+    since: u32,
     seq: u64,
 }
 
 /// One block's holders. The first is stored inline: most blocks are held by one
 /// replica, and a `Vec`'s first push costs a 64-byte allocation (capacity 4) plus the
-/// allocator's header. Slot size: 8 (key) + 48 (entry) + 1 control byte.
+/// allocator's header. A boxed slice, not a `Vec`: it grows one holder at a time
+/// anyway, and its 8 bytes fewer make room for `born`. Slot size: 8 (key) + 48
+/// (entry) + 1 control byte.
 #[derive(Debug)]
 struct Entry {
     first: Holder,
-    more: Vec<Holder>,
+    more: Box<[Holder]>,
     touched: u64,
+    /// The eviction epoch when this entry was created (under its shard's lock, after
+    /// any eviction that made room for it).
+    born: u32,
+}
+
+// The certificate fields live in padding: a holder and an entry stay 16 and 48 bytes.
+const _: () = assert!(std::mem::size_of::<Holder>() == 16 && std::mem::size_of::<Entry>() == 48);
+
+/// An epoch as a holder's `since`: past `u32::MAX` epochs (four billion evictions) 0,
+/// so that no certificate holds (`born` saturates at the maximum).
+fn since_tag(epoch: u64) -> u32 {
+    u32::try_from(epoch)
+        .ok()
+        .filter(|&e| e < u32::MAX)
+        .unwrap_or(0)
+}
+
+/// An epoch as an entry's `born`, saturating.
+fn born_tag(epoch: u64) -> u32 {
+    u32::try_from(epoch).unwrap_or(u32::MAX)
 }
 
 impl Entry {
-    fn new(h: Holder, touched: u64) -> Self {
+    fn new(h: Holder, touched: u64, born: u32) -> Self {
         Self {
             first: h,
-            more: Vec::new(),
+            more: Box::default(),
             touched,
+            born,
         }
     }
 
     fn holders(&self) -> impl Iterator<Item = &Holder> {
-        std::iter::once(&self.first).chain(&self.more)
+        std::iter::once(&self.first).chain(self.more.iter())
     }
 
-    /// Records `h`, keeping the later position for a replica already there.
+    /// Records `h`, keeping the later position (and certificate) for a replica already
+    /// there.
     fn hold(&mut self, h: Holder) {
         match std::iter::once(&mut self.first)
-            .chain(&mut self.more)
+            .chain(self.more.iter_mut())
             .find(|x| x.replica == h.replica)
         {
-            Some(x) => x.seq = x.seq.max(h.seq),
+            Some(x) => {
+                x.seq = x.seq.max(h.seq);
+                x.since = x.since.max(h.since);
+            }
             None => {
                 // Grow one at a time: a `Vec`'s default first capacity is 4 holders.
-                self.more.reserve_exact(1);
-                self.more.push(h)
+                let mut more = std::mem::take(&mut self.more).into_vec();
+                more.reserve_exact(1);
+                more.push(h);
+                self.more = more.into_boxed_slice();
             }
         }
     }
 
     /// Drops `replica`; false when no holder is left.
     fn release(&mut self, replica: u32) -> bool {
-        self.more.retain(|h| h.replica != replica);
+        let mut more = std::mem::take(&mut self.more).into_vec();
+        more.retain(|h| h.replica != replica);
         if self.first.replica == replica {
-            match self.more.pop() {
+            match more.pop() {
                 Some(h) => self.first = h,
                 None => return false,
             }
         }
+        self.more = more.into_boxed_slice();
         true
     }
 }
@@ -173,6 +220,9 @@ pub struct PrefixIndex {
     shards: Vec<Mutex<Shard>>,
     shard_cap: usize,
     clock: AtomicU64,
+    /// Bumped before a shard drops entries (under its lock): an entry created later
+    /// has a greater `born` than the `since` of any holder sent its chain before.
+    epoch: AtomicU64,
 }
 
 /// The most entries, at most `n` (and at least 14), that fill a hash table without
@@ -199,6 +249,7 @@ impl PrefixIndex {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             shard_cap: table_fit(max_entries / SHARDS),
             clock: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -245,8 +296,22 @@ impl PrefixIndex {
     ///
     /// The inner loop (blocks × holders, half a million holder visits for a 64-block
     /// prefix held by 512 replicas) keeps each candidate's progress in its table slot,
-    /// next to its cursor: one load per holder instead of two dependent ones.
+    /// next to its cursor: one load per holder instead of two dependent ones. Once
+    /// [`CERTIFY_MIN_ALIVE`] candidates are alive, those the chain's last block
+    /// certifies ([`PrefixIndex::certify`]) are settled at once and only the rest walk on.
     fn walk(&self, blocks: &[u64], cursors: &[Cursor], out: &mut [u32]) -> Option<Vec<Slot>> {
+        self.walk_with(blocks, cursors, out, CERTIFY_MIN_ALIVE)
+    }
+
+    /// [`PrefixIndex::walk`], certifying once `certify_min` candidates are alive
+    /// (`u32::MAX`: never, the plain walk).
+    fn walk_with(
+        &self,
+        blocks: &[u64],
+        cursors: &[Cursor],
+        out: &mut [u32],
+        certify_min: u32,
+    ) -> Option<Vec<Slot>> {
         out.iter_mut().for_each(|o| *o = 0);
         if cursors.is_empty() {
             return None;
@@ -258,9 +323,13 @@ impl PrefixIndex {
         for (i, c) in cursors.iter().enumerate() {
             tab[c.replica as usize] = Slot::new(i as u32, c);
         }
+        // The newest `born` of the blocks walked so far (the certificate's bar).
+        let mut newest = 0u32;
+        let mut certified = false;
         for (i, h) in blocks.iter().enumerate() {
             let shard = self.shards[shard_of(*h)].lock();
             let Some(entry) = shard.get(h) else { break };
+            newest = newest.max(entry.born);
             let i = i as u32;
             // Alive candidates are exactly those that matched every earlier block.
             let mut hits = 0u32;
@@ -272,8 +341,15 @@ impl PrefixIndex {
             // Not `holders()`: a chained iterator cost half of the loop's instructions.
             visit(&entry.first);
             entry.more.iter().for_each(visit);
+            drop(shard);
             if hits == 0 {
                 break;
+            }
+            if !certified && hits >= certify_min && (i as usize) + 1 < blocks.len() {
+                certified = true;
+                if self.certify(blocks, i as usize + 1, newest, &mut tab) == hits {
+                    break;
+                }
             }
         }
         // A replica given twice keeps its last cursor (the table's), as matching did.
@@ -284,6 +360,58 @@ impl PrefixIndex {
             }
         }
         Some(tab)
+    }
+
+    /// With the walk past blocks `..from` (`newest`: their newest `born`), settles every
+    /// candidate alive there that the last block present (before the first not in the
+    /// index) certifies ([`Holder::since`]): its match is every block present. The walk
+    /// never counts it again (its `matched` is past every block left) and stops once
+    /// the others stop. Returns how many it settled. Cost: one lookup per block left and
+    /// one pass over one block's holders, instead of a pass over every block's holders.
+    ///
+    /// Equal to the walk's result, for any sequence of records, evictions and forgets: a
+    /// certified holder was sent the whole chain by one `record` (chained hashes: its
+    /// last block fixes every earlier one), which put it among the holders of every
+    /// earlier block at positions no older than the last one's, and no such entry has
+    /// been dropped since (it would have been made again with a later `born`); a holder
+    /// leaves an entry otherwise only through `forget`, which removes it from the last
+    /// block too. (Concurrent ones can differ: a `forget`, or an eviction between two
+    /// sends of the chain, racing a `record` of the same replica may leave it in the
+    /// last block and not in an earlier one; the certificate then counts what that
+    /// `record` sent, as the replica was.)
+    fn certify(&self, blocks: &[u64], from: usize, newest: u32, tab: &mut [Slot]) -> u32 {
+        let mut newest = newest;
+        let mut present = from;
+        for h in &blocks[from..] {
+            let shard = self.shards[shard_of(*h)].lock();
+            let Some(entry) = shard.get(h) else { break };
+            newest = newest.max(entry.born);
+            present += 1;
+        }
+        if present == from {
+            return 0;
+        }
+        let last = blocks[present - 1];
+        let shard = self.shards[shard_of(last)].lock();
+        // Gone since the pass above (a concurrent eviction): no certificates.
+        let Some(entry) = shard.get(&last) else {
+            return 0;
+        };
+        let (alive, len) = (from as u32, present as u32);
+        let mut settled = 0u32;
+        let mut certify = |hd: &Holder| {
+            if let Some(t) = tab.get_mut(hd.replica as usize)
+                && t.matched == alive
+                && hd.seq >= t.min_seq
+                && hd.since >= newest
+            {
+                t.matched = len;
+                settled += 1;
+            }
+        };
+        certify(&entry.first);
+        entry.more.iter().for_each(certify);
+        settled
     }
 
     /// Splits candidate `slots` into those presumed to hold block `hash` and the rest.
@@ -332,6 +460,9 @@ impl PrefixIndex {
         let misses = blocks.len().saturating_sub(matched) as u64;
         let base = cursor.fetch_add(misses, Relaxed);
         let tick = self.clock.fetch_add(1, Relaxed);
+        // Read before any block goes in: an entry this call joins that is dropped later
+        // is dropped after a bump past it (the shard's lock orders the two).
+        let since = since_tag(self.epoch.load(Relaxed));
         for (i, h) in blocks.iter().enumerate() {
             // Hits are touched at the new cursor (just used). Misses take fresh positions,
             // the first miss the newest: vLLM frees a request's blocks tail first, so a
@@ -342,9 +473,14 @@ impl PrefixIndex {
                 base + misses - 1 - (i - matched) as u64
             };
             let mut shard = self.shards[shard_of(*h)].lock();
-            let holder = Holder { replica, seq };
+            let holder = Holder {
+                replica,
+                since,
+                seq,
+            };
             // Make room before a new key goes in, so the table never grows past its cap.
             if shard.len() >= self.shard_cap && !shard.contains_key(h) {
+                self.epoch.fetch_add(1, Relaxed);
                 Self::shrink(&mut shard, self.shard_cap);
             }
             shard
@@ -353,7 +489,7 @@ impl PrefixIndex {
                     e.touched = tick;
                     e.hold(holder);
                 })
-                .or_insert_with(|| Entry::new(holder, tick));
+                .or_insert_with(|| Entry::new(holder, tick, born_tag(self.epoch.load(Relaxed))));
         }
         base + misses
     }
@@ -576,6 +712,77 @@ mod tests {
             idx.match_lengths_exact(&chain[..len], &cursors, &mut out);
             proptest::prop_assert_eq!(out, one_by_one(&idx, &chain[..len], &cursors));
         }
+    }
+
+    proptest::proptest! {
+        /// A small index that evicts often (and forgets replicas): holders certified by
+        /// their chain's last block match exactly what a walk of their own finds, also
+        /// where an earlier block was evicted and made again by another replica.
+        #[test]
+        fn certified_holders_match_as_the_walk_does_through_evictions(
+            ops in proptest::collection::vec((0u32..6, 0usize..3, 1usize..40, 0usize..30, 0u8..20), 1..40),
+            caps in proptest::collection::vec(1u64..200, 6),
+            len in 0usize..40,
+        ) {
+            let idx = PrefixIndex::new(SHARDS * 16);
+            let chains: Vec<Vec<u64>> = (0..3u64)
+                .map(|c| {
+                    (0..40u64)
+                        .map(|j| ((c + 1) << 32 | j).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                        .collect()
+                })
+                .collect();
+            let cs: Vec<AtomicU64> = (0..6).map(|_| AtomicU64::new(0)).collect();
+            for (k, &(r, c, n, other, forget)) in ops.iter().enumerate() {
+                if forget == 0 {
+                    idx.forget(r);
+                    continue;
+                }
+                idx.record(&cs[r as usize], r, &chains[c][..n], 0);
+                let filler: Vec<u64> = (0..other as u64)
+                    .map(|j| ((k as u64 + 1) << 40 | j).wrapping_mul(0xD6E8_FEB8_6659_FD93))
+                    .collect();
+                idx.record(&cs[r as usize], r, &filler, 0);
+            }
+            let cursors: Vec<Cursor> =
+                (0..6).map(|r| cur(r, &cs[r as usize], caps[r as usize])).collect();
+            for chain in &chains {
+                // Certifying from the first alive candidate, and never.
+                let (mut out, mut plain) = (vec![0u32; 6], vec![0u32; 6]);
+                idx.walk_with(&chain[..len], &cursors, &mut out, 1);
+                idx.walk_with(&chain[..len], &cursors, &mut plain, u32::MAX);
+                proptest::prop_assert_eq!(&out, &plain);
+                proptest::prop_assert_eq!(out, one_by_one(&idx, &chain[..len], &cursors));
+            }
+        }
+    }
+
+    /// A replica missing from a middle block (evicted, then made again by another
+    /// replica) is not certified by the last block it still holds: it is walked.
+    #[test]
+    fn an_evicted_middle_block_voids_the_certificate() {
+        let idx = PrefixIndex::new(1 << 10);
+        let chain: Vec<u64> = (1..=8u64)
+            .map(|j| j.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let (c0, c1) = (AtomicU64::new(0), AtomicU64::new(0));
+        idx.record(&c0, 0, &chain, 0);
+        // Block 3 is dropped (as an eviction would) and made again by replica 1 alone.
+        {
+            let mut shard = idx.shards[shard_of(chain[3])].lock();
+            idx.epoch.fetch_add(1, Relaxed);
+            shard.remove(&chain[3]);
+        }
+        idx.record(&c1, 1, &chain[..4], 0);
+        let mut out = [0u32; 2];
+        let cursors = [cur(0, &c0, u64::MAX), cur(1, &c1, u64::MAX)];
+        idx.walk_with(&chain, &cursors, &mut out, 1);
+        assert_eq!(out, [3, 4]);
+        // Sent the chain again, replica 0 holds all of it.
+        idx.record(&c0, 0, &chain, 8);
+        let cursors = [cur(0, &c0, u64::MAX), cur(1, &c1, u64::MAX)];
+        idx.walk_with(&chain, &cursors, &mut out, 1);
+        assert_eq!(out, [8, 4]);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub use learner::{Learner, Sample};
 pub use normal::{normal_quantile, normal_sf};
 pub use observation::{Observation, ReplicaKey, kv_footprint_tokens};
 pub use persist::FORMAT_VERSION;
-pub use prediction::{ModelState, Prediction, lognormal_tail};
+pub use prediction::{ModelState, Prediction, TAIL_SATURATES, lognormal_tail};
 pub use report::{BoundSource, Coefficient, ReplicaReport, TargetDiag};
 pub use shared::SharedPredictor;
 pub use slot_codec::{TABLE_DIM, TARGET_CORRECTIONS, TARGET_LABEL_TIMES, TARGET_META};

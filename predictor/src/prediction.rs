@@ -124,8 +124,8 @@ pub fn lognormal_tail(median: f64, sigma: f64, slo: f64) -> f64 {
     }
 }
 
-/// |z| beyond which P(Z > z) is below 1e-17.
-const TAIL_SATURATES: f64 = 8.5;
+/// |z| beyond which P(Z > z) is below 1e-17: [`lognormal_tail`] is 0 or 1 there.
+pub const TAIL_SATURATES: f64 = 8.5;
 
 /// Everything needed to evaluate one target for one replica: coefficients and cached
 /// exponentials, so predict() is a dot product and a few multiplications.

@@ -39,8 +39,10 @@ use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::xxh3_128;
 
 /// Minimum bytes per segment: small enough that a prompt's new tail costs at most
-/// about this much BPE past what it shares, large enough that the map stays small.
-pub const SEGMENT_BYTES: usize = 1024;
+/// about this much BPE past what it shares (at 1 KB the tail's BPE was most of a 2 KB
+/// request's routing cost), large enough that a hit (hash, lookup, copy) stays cheap
+/// and the map small (≈ 64 ids per entry).
+pub const SEGMENT_BYTES: usize = 256;
 
 /// Ids held across all segments (16 MiB of `u32`s), per vocabulary.
 pub const MAX_CACHED_TOKENS: usize = 4 << 20;

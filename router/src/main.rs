@@ -106,6 +106,10 @@ struct ServeArgs {
     /// `[tracing]`).
     #[arg(long)]
     otlp_endpoint: Option<String>,
+    /// Async worker threads (default: one per core). The node's own background tasks
+    /// and every connection share them; long prompts still tokenize on the blocking pool.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
 }
 
 #[derive(Args)]
@@ -251,9 +255,21 @@ async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Resul
     node.shutdown().await
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Cmd::Serve(a) = &cli.cmd
+        && let Some(n) = a.worker_threads
+    {
+        rt.worker_threads(usize::from(n));
+    }
+    rt.build()
+        .context("cannot start the async runtime")?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),

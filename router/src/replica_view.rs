@@ -2,9 +2,10 @@
 //! lock-free cells (served models, health, last scrape, peers' load, ledger).
 //!
 //! Invariant: each read is one atomic snapshot of its cell; a decision may see one
-//! cell a moment newer than another, never a torn value. Cost per candidate: one
-//! `ArcSwap` load (models: two atomic read-modify-writes) and two seqlock copies (last
-//! scrape, peers' load: plain loads, retried only while a writer is mid-store).
+//! cell a moment newer than another, never a torn value. Cost per candidate: a version
+//! load and this thread's memo (served models, [`crate::fleet::models`]) and two seqlock
+//! copies (last scrape, peers' load: plain loads, retried only while a writer is
+//! mid-store).
 
 use std::sync::{Arc, atomic::AtomicU64};
 
@@ -31,7 +32,7 @@ impl ReplicaView for Replica {
         self.max_batched_tokens
     }
     fn serving(&self, model: &str) -> Serving {
-        self.models.load().serving(model)
+        self.models.serving(self.id, model)
     }
     fn routable(&self) -> bool {
         self.health.routable() && !self.region_dark.load(std::sync::atomic::Ordering::Relaxed)

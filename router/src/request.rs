@@ -64,6 +64,8 @@ pub struct ParsedRequest {
     pub upstream_body: Bytes,
     /// What the router added to `upstream_body` (nothing: it is the client's body).
     pub injected: InjectedUsage,
+    /// The client set the engine's `priority` itself: the router leaves it.
+    pub client_priority: bool,
 }
 
 /// Usage the router asked the engine for on the client's behalf, so the response must
@@ -291,7 +293,7 @@ fn messages_of(raw: Option<&RawValue>) -> Result<(String, usize), ApiError> {
 }
 
 /// The top-level members routing reads; everything else is only checked for syntax.
-const TOP: [&str; 8] = [
+const TOP: [&str; 9] = [
     "model",
     "prompt",
     "messages",
@@ -300,6 +302,7 @@ const TOP: [&str; 8] = [
     "stream",
     "ignore_eos",
     "stream_options",
+    "priority",
 ];
 
 /// Parses and validates a request body. With `chunk_usage`, a streaming request asks
@@ -337,6 +340,7 @@ pub fn parse(
         stream,
         ignore_eos,
         stream_options,
+        priority,
     ] = top.vals;
     let model = model
         .filter(|m| lead(m) == b'"')
@@ -398,6 +402,7 @@ pub fn parse(
         client_wants_usage,
         upstream_body,
         injected,
+        client_priority: priority.is_some(),
     })
 }
 

@@ -226,6 +226,12 @@ impl Drop for Trainer {
     }
 }
 
+/// How long the trainer lets its queue fill after a batch before it reads again: one
+/// wake-up per batch instead of one per message. Waking per message cost the router a
+/// futex wake and a few `sched_yield`s (the channel's spin before it parks) for each of
+/// the ~3 messages a request sends: ≈ 0.9 yields per request at 16k requests/s.
+const BATCH_WAIT: Duration = Duration::from_millis(2);
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     mut learner: Learner,
@@ -239,51 +245,63 @@ fn run(
 ) {
     let mut dirty = false;
     let mut last_publish = std::time::Instant::now();
-    loop {
-        match rx.recv_timeout(publish_every) {
-            Ok(Msg::Sample(s)) => {
-                if let Some(j) = journal.as_mut() {
-                    j.write(&JournalEntry::of_sample(&s));
-                }
-                learner.observe(&s);
-                learned.fetch_add(1, Relaxed);
-                dirty = true;
+    let handle = |m: Msg, learner: &mut Learner, journal: &mut Option<Journal>| match m {
+        Msg::Sample(s) => {
+            if let Some(j) = journal.as_mut() {
+                j.write(&JournalEntry::of_sample(&s));
             }
-            Ok(Msg::Replica {
-                key,
-                at_s,
-                step_ms,
-                decoding,
-            }) => {
-                if let Some(ms) = step_ms {
-                    if let Some(j) = journal.as_mut() {
-                        j.write(&JournalEntry::StepTime {
-                            key,
-                            at_s,
-                            step_ms: ms,
-                        });
-                    }
-                    learner.observe_step_time(key, at_s, ms);
-                }
+            learner.observe(&s);
+            learned.fetch_add(1, Relaxed);
+            true
+        }
+        Msg::Replica {
+            key,
+            at_s,
+            step_ms,
+            decoding,
+        } => {
+            if let Some(ms) = step_ms {
                 if let Some(j) = journal.as_mut() {
-                    j.write(&JournalEntry::Running {
+                    j.write(&JournalEntry::StepTime {
                         key,
                         at_s,
-                        decoding,
+                        step_ms: ms,
                     });
                 }
-                learner.observe_running(key, at_s, decoding);
-                dirty = true;
+                learner.observe_step_time(key, at_s, ms);
             }
-            Ok(Msg::PeerSlot(slot)) => {
-                if let Err(e) = learner.merge_peer_slot(*slot) {
-                    tracing::debug!("peer predictor slot refused: {e}");
+            if let Some(j) = journal.as_mut() {
+                j.write(&JournalEntry::Running {
+                    key,
+                    at_s,
+                    decoding,
+                });
+            }
+            learner.observe_running(key, at_s, decoding);
+            true
+        }
+        Msg::PeerSlot(slot) => {
+            if let Err(e) = learner.merge_peer_slot(*slot) {
+                tracing::debug!("peer predictor slot refused: {e}");
+            }
+            true
+        }
+        Msg::ForgetPeer(n) => learner.forget_peer(&n),
+        Msg::Export(reply) => {
+            let _ = reply.try_send(learner.export_slot(&node_id, wall_s()));
+            false
+        }
+    };
+    loop {
+        let mut got = false;
+        match rx.recv_timeout(publish_every) {
+            Ok(m) => {
+                got = true;
+                dirty |= handle(m, &mut learner, &mut journal);
+                // Whatever else is queued, without parking in between.
+                while let Ok(m) = rx.try_recv() {
+                    dirty |= handle(m, &mut learner, &mut journal);
                 }
-                dirty = true;
-            }
-            Ok(Msg::ForgetPeer(n)) => dirty |= learner.forget_peer(&n),
-            Ok(Msg::Export(reply)) => {
-                let _ = reply.try_send(learner.export_slot(&node_id, wall_s()));
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
@@ -298,6 +316,9 @@ fn run(
             }
             dirty = false;
             last_publish = std::time::Instant::now();
+        }
+        if got {
+            std::thread::sleep(BATCH_WAIT);
         }
     }
     if let Some(j) = journal.as_mut() {

@@ -108,6 +108,14 @@ pub async fn get(
         .map_err(|_| FetchError::Timeout)?
 }
 
+/// `base` joined with a path known at compile time (the proxied endpoints): no parse,
+/// no copy of the path, once per request.
+pub fn join_static(base: &Uri, path: &'static str) -> Result<Uri, String> {
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+    Uri::from_parts(parts).map_err(|e| e.to_string())
+}
+
 /// `base` (scheme://authority) joined with an absolute path.
 pub fn join(base: &Uri, path_and_query: &str) -> Result<Uri, String> {
     let mut parts = base.clone().into_parts();

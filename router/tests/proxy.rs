@@ -519,3 +519,71 @@ async fn a_missing_tokenizer_file_stops_the_node_naming_it() {
         "{s}"
     );
 }
+
+/// With `deadline_priority` the engine gets each request's TTFT deadline (Unix ms) as
+/// its `priority`, the rest of the body untouched; a client's own priority is kept, and
+/// a replica that schedules first come, first served gets none.
+#[tokio::test]
+async fn engines_that_schedule_by_priority_get_the_ttft_deadline() {
+    let fcfs = mock("m").await;
+    let prio = mock("m").await;
+    let r = router(&[fcfs.url(), prio.url()], PolicyName::RoundRobin, |c| {
+        c.replicas[1].deadline_priority = Some(true);
+    })
+    .await;
+    let last = |m: &common::Mock| -> Value {
+        serde_json::from_slice(m.last_body.lock().unwrap().as_ref().unwrap()).unwrap()
+    };
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let body = json!({"model":"m","max_tokens":2,"prompt":"hello","stream":true});
+    let mut seen = (false, false);
+    for _ in 0..4 {
+        let before = unix_ms();
+        let resp = client()
+            .post(r.url("/v1/completions"))
+            .header("x-slo-ttft-ms", "750")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let replica = resp.headers()["x-headroom-replica"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        resp.text().await.unwrap();
+        if replica == prio.addr.to_string() {
+            seen.1 = true;
+            let got = last(&prio);
+            let ttft_ms = 750;
+            let p = got["priority"].as_i64().expect("a priority");
+            assert!(
+                (before..=unix_ms()).contains(&(p - ttft_ms)),
+                "deadline {p} is not arrival + {ttft_ms} ms"
+            );
+            assert_eq!(got["prompt"], "hello");
+            assert_eq!(got["max_tokens"], 2);
+        } else {
+            seen.0 = true;
+            assert!(
+                last(&fcfs).get("priority").is_none(),
+                "only engines configured for priority get one"
+            );
+        }
+    }
+    assert_eq!(seen, (true, true), "round robin reached both");
+    // The client's own priority is the engine's.
+    for _ in 0..2 {
+        let mine = json!({"model":"m","max_tokens":2,"prompt":"hi","priority":-7});
+        post(&r.url("/v1/completions"), mine)
+            .await
+            .text()
+            .await
+            .unwrap();
+    }
+    assert_eq!(last(&prio)["priority"], -7);
+}

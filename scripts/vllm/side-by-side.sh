@@ -13,8 +13,8 @@
 #      DIR/SYSTEM.jsonl, `predictor_journal`; replay: predictor/tests/real_cpu_journal.rs),
 #      HEADROOM_SBS_CONFIG_EXTRA (TOML appended to every Headroom system's config, e.g.
 #      a `[scrape]` table), HEADROOM_CACHE (venvs and models, as scripts/vllm/prepare.sh).
-#      A Headroom system may carry a variant, `headroom-slo+NAME` (or
-#      `headroom-token-load+NAME`): that policy with the TOML in HEADROOM_SBS_EXTRA_NAME
+#      A Headroom system is `headroom-POLICY` (any of `headroom serve --policy`), and
+#      may carry a variant, `headroom-slo+NAME` (or `headroom-token-load+NAME`, …): that policy with the TOML in HEADROOM_SBS_EXTRA_NAME
 #      appended to its config, for A/B runs of a setting on one fleet in one run;
 #      and/or the `headroom` binary in HEADROOM_SBS_BIN_NAME, for A/B runs of a code
 #      change (e.g. the previous commit's release build copied aside).
@@ -216,13 +216,14 @@ bin_for() {
 for sys in $SYSTEMS; do
     P=$(free_port); Q=$(free_port)
     case "$sys" in
-        headroom-slo|headroom-slo+*) measure "$sys" "$P" "$(bin_for "$sys")" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy slo ;;
-        headroom-token-load|headroom-token-load+*) measure "$sys" "$P" "$(bin_for "$sys")" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy token-load ;;
+        headroom-*) # any Headroom policy: headroom-POLICY[+VARIANT]
+            policy="${sys#headroom-}"; policy="${policy%%+*}"
+            measure "$sys" "$P" "$(bin_for "$sys")" serve --config "$(conf_for "$sys")" --listen "127.0.0.1:$P" --policy "$policy" ;;
         vllm-router) measure "$sys" "$P" "$PY/vllm-router" --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
             --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
         sglang-router) measure "$sys" "$P" "$PY/sglang-router" launch --host 127.0.0.1 --port "$P" --worker-urls "${URLS[@]}" \
             --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port "$Q" ;;
-        *) die "unknown system $sys (headroom-slo, headroom-token-load, vllm-router, sglang-router)" ;;
+        *) die "unknown system $sys (headroom-POLICY[+VARIANT], vllm-router, sglang-router)" ;;
     esac
 done
 

@@ -308,7 +308,8 @@ pub fn side_by_side(runs: &[LiveRun]) -> Table {
 
 #[derive(Args, Debug, Clone)]
 pub struct OverheadArgs {
-    /// Systems: `direct`, `nginx`, `headroom` (round-robin), `headroom:POLICY`.
+    /// Systems: `direct`, `nginx`, `headroom` (round-robin), `headroom:POLICY`,
+    /// `headroom:POLICY:no-records`, `headroom:POLICY:threads=N` (N async workers).
     #[arg(
         long,
         value_delimiter = ',',

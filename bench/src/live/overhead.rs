@@ -52,6 +52,8 @@ pub enum OverheadTarget {
     Headroom(String),
     /// The same with decision records off (`--decision-records 0`): what they cost.
     HeadroomNoRecords(String),
+    /// The same on this many async worker threads (`--worker-threads N`): how it scales.
+    HeadroomThreads(String, u16),
 }
 
 impl OverheadTarget {
@@ -61,12 +63,32 @@ impl OverheadTarget {
             OverheadTarget::Nginx => "nginx".into(),
             OverheadTarget::Headroom(p) => format!("headroom ({p})"),
             OverheadTarget::HeadroomNoRecords(p) => format!("headroom ({p}, no records)"),
+            OverheadTarget::HeadroomThreads(p, 1) => format!("headroom ({p}, 1 thread)"),
+            OverheadTarget::HeadroomThreads(p, n) => format!("headroom ({p}, {n} threads)"),
         }
     }
 
-    /// `direct`, `nginx`, `headroom` (round-robin), `headroom:POLICY` or
-    /// `headroom:POLICY:no-records`.
+    /// `direct`, `nginx`, `headroom` (round-robin), `headroom:POLICY`,
+    /// `headroom:POLICY:no-records` or `headroom:POLICY:threads=N`.
     pub fn parse(s: &str) -> Result<Self, LiveError> {
+        let unknown = |t: &str| {
+            LiveError::Options(format!(
+                "unknown target `{t}` (direct, nginx, headroom, headroom:POLICY, \
+                 headroom:POLICY:no-records, headroom:POLICY:threads=N)"
+            ))
+        };
+        if let Some((p, n)) = s
+            .trim()
+            .strip_prefix("headroom:")
+            .and_then(|p| p.split_once(":threads="))
+        {
+            return match n.parse::<u16>() {
+                Ok(n) if n > 0 && !p.is_empty() && !p.contains(':') => {
+                    Ok(OverheadTarget::HeadroomThreads(p.to_string(), n))
+                }
+                _ => Err(unknown(s.trim())),
+            };
+        }
         match s.trim() {
             "direct" => Ok(OverheadTarget::Direct),
             "nginx" => Ok(OverheadTarget::Nginx),
@@ -79,13 +101,9 @@ impl OverheadTarget {
                     Some(p) if !p.is_empty() && !p.contains(':') => {
                         Ok(OverheadTarget::HeadroomNoRecords(p.to_string()))
                     }
-                    _ => Err(LiveError::Options(format!(
-                        "unknown target `{t}` (direct, nginx, headroom, headroom:POLICY, headroom:POLICY:no-records)"
-                    ))),
+                    _ => Err(unknown(t)),
                 },
-                None => Err(LiveError::Options(format!(
-                    "unknown target `{t}` (direct, nginx, headroom, headroom:POLICY, headroom:POLICY:no-records)"
-                ))),
+                None => Err(unknown(t)),
             },
         }
     }
@@ -465,13 +483,22 @@ async fn run_all(
                     pids: tree_of(pid),
                 }
             }
-            OverheadTarget::Headroom(policy) | OverheadTarget::HeadroomNoRecords(policy) => {
+            OverheadTarget::Headroom(policy)
+            | OverheadTarget::HeadroomNoRecords(policy)
+            | OverheadTarget::HeadroomThreads(policy, _) => {
                 let records_off = matches!(t, OverheadTarget::HeadroomNoRecords(_));
+                let threads = match t {
+                    OverheadTarget::HeadroomThreads(_, n) => Some(*n),
+                    _ => None,
+                };
                 let bin = find_binary("headroom", opts.bin_dir.as_deref())?;
                 let args = |addr: SocketAddr| {
                     let mut a = serve_args(addr, policy, &opts.model, &opts.tokenizer, &ups);
                     if records_off {
                         a.extend(["--decision-records".into(), "0".into()]);
+                    }
+                    if let Some(n) = threads {
+                        a.extend(["--worker-threads".into(), n.to_string()]);
                     }
                     a.extend(opts.serve_args.iter().cloned());
                     a
@@ -755,6 +782,18 @@ mod tests {
             OverheadTarget::HeadroomNoRecords("slo".into())
         );
         assert!(OverheadTarget::parse("headroom:slo:records").is_err());
+        assert_eq!(
+            OverheadTarget::parse("headroom:slo:threads=2").expect("ok"),
+            OverheadTarget::HeadroomThreads("slo".into(), 2)
+        );
+        assert_eq!(
+            OverheadTarget::parse("headroom:slo:threads=1")
+                .expect("ok")
+                .name(),
+            "headroom (slo, 1 thread)"
+        );
+        assert!(OverheadTarget::parse("headroom:slo:threads=0").is_err());
+        assert!(OverheadTarget::parse("headroom::threads=2").is_err());
         assert!(OverheadTarget::parse("headroom::no-records").is_err());
         let b = request_body("m", 20, 2048);
         assert!((1900..2100).contains(&b.len()), "{}", b.len());

@@ -51,7 +51,9 @@ use std::sync::{
     atomic::{AtomicU32, Ordering::Relaxed},
 };
 
-use headroom_predictor::{ModelState, Prediction, SharedPredictor, lognormal_tail, memo};
+use headroom_predictor::{
+    ModelState, Prediction, SharedPredictor, TAIL_SATURATES, lognormal_tail, memo,
+};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -234,6 +236,9 @@ pub fn cold_try_ok(ttft_state: ModelState, requests: f64, wasted: f64) -> bool {
 /// least-bad choice kept sending it everything. With the spread stretched to the bound,
 /// σ' = σ·ln(bound/median)/ln(upper/median), the probability agrees with the tier.
 pub fn tail_within(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) -> f64 {
+    if let Some(p) = saturated_tail(median, sigma, upper, bound, slo) {
+        return p;
+    }
     // The bound is the calibrated one (the usual case): nothing to widen, and two
     // logarithms per target spared (a third of `evaluate`). Exact: equal ratios have
     // equal logarithms, which the test below would find not greater.
@@ -249,6 +254,66 @@ pub fn tail_within(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) ->
         sigma
     };
     lognormal_tail(median, sigma, slo)
+}
+
+/// [`tail_within`]'s value where bounds on its logarithms, without computing them,
+/// show that the tail is saturated (|z| past [`TAIL_SATURATES`]: exactly 0 or 1 there);
+/// None where they do not (it is then computed).
+///
+/// Why: a comfortable objective is the usual case (most of a decision's tails are 0),
+/// and its two logarithms and their chain of divisions were a tenth of a decision at
+/// 1,024 candidates. Exact: the bounds hold for the real logarithms, with slack for
+/// rounding, and the test is passed only with a relative margin of 1e-9, a million
+/// times the rounding of the computation it replaces.
+#[inline]
+fn saturated_tail(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) -> Option<f64> {
+    if !(slo.is_finite() && slo > 0.0 && sigma.is_finite() && sigma > 0.0) {
+        return None;
+    }
+    // σ′ = σ·w: w = 1 without widening, else at most max(ln(bound/median), lu)/lu.
+    // Both sides are multiplied by lu instead of divided (`lu` is 1 when not widened).
+    let (lu, widest) = if bound == upper {
+        (1.0, 1.0)
+    } else {
+        let lu = memo::ln(upper / median);
+        if !(lu.is_finite() && lu > 0.0) {
+            (1.0, 1.0)
+        } else if lu < 1e-6 {
+            // Too near 1 for the slack below to be small against it.
+            return None;
+        } else {
+            (lu, ln_bounds(bound / median)?.1.max(lu))
+        }
+    };
+    let bar = TAIL_SATURATES * sigma * widest * (1.0 + 1e-9);
+    let (lo, hi) = ln_bounds(slo / median)?;
+    if lo * lu > bar {
+        Some(0.0)
+    } else if -hi * lu > bar {
+        Some(1.0)
+    } else {
+        None
+    }
+}
+
+/// Lower and upper bounds on `ln x` for a positive normal `x`, without a logarithm:
+/// `x = 2^e·(1 + t)`, `t ∈ [0, 1)`, and the alternating series of `ln(1 + t)` stopped
+/// after a negative term (a lower bound) or a positive one (an upper bound); slack for
+/// the rounding of these few operations (≤ 1e-15·(1 + |e|)).
+#[inline(always)]
+fn ln_bounds(x: f64) -> Option<(f64, f64)> {
+    if !(x.is_normal() && x > 0.0) {
+        return None;
+    }
+    let bits = x.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let t = f64::from_bits((bits & ((1u64 << 52) - 1)) | (1023u64 << 52)) - 1.0;
+    let whole = e as f64 * std::f64::consts::LN_2;
+    let slack = 1e-12 * (1.0 + e.unsigned_abs() as f64);
+    let t2 = t * t;
+    let hi = t - t2 * 0.5 + t2 * t * (1.0 / 3.0);
+    let lo = hi - t2 * t2 * 0.25;
+    Some((whole + lo - slack, whole + hi + slack))
 }
 
 /// Prefills shorter than this cost running requests less than a step's noise: the
@@ -456,7 +521,11 @@ impl SloPolicy {
             return None;
         }
         (0..cands.len())
-            .filter(|&i| evals[i].tier == 0 && allowed(i) && cands[i].load().requests == 0.0)
+            // `load().requests` without summing the rest of the load.
+            .filter(|&i| {
+                let c = &cands[i];
+                evals[i].tier == 0 && allowed(i) && c.own.requests + c.peers.requests == 0.0
+            })
             .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
             .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -768,6 +837,100 @@ mod tests {
             tpot_median_ms: tpot,
             tpot_log_sigma: 0.1f64.ln_1p() / 1.2816,
             ..Prediction::default()
+        }
+    }
+
+    /// `tail_within` as it was before its saturation shortcut: the reference the
+    /// shortcut must agree with bit for bit.
+    fn tail_within_computed(median: f64, sigma: f64, upper: f64, bound: f64, slo: f64) -> f64 {
+        if bound == upper {
+            return lognormal_tail(median, sigma, slo);
+        }
+        let (lu, lb) = ((upper / median).ln(), (bound / median).ln());
+        let sigma = if lb > lu && lu > 0.0 && lu.is_finite() && lb.is_finite() {
+            sigma * lb / lu
+        } else {
+            sigma
+        };
+        lognormal_tail(median, sigma, slo)
+    }
+
+    /// Random forecasts (log-uniform over many decades, near-saturated ones on purpose)
+    /// and edge values: the shortcut gives the computed tail's exact bits.
+    #[test]
+    fn the_saturation_shortcut_is_the_computed_tail() {
+        use rand::Rng;
+        let mut g = rand::rngs::SmallRng::seed_from_u64(11);
+        let mut shortcuts = 0usize;
+        let log_uniform = |g: &mut rand::rngs::SmallRng, lo: f64, hi: f64| {
+            (g.random::<f64>() * (hi.ln() - lo.ln()) + lo.ln()).exp()
+        };
+        for round in 0..400_000 {
+            let median = log_uniform(&mut g, 1e-3, 1e5);
+            let sigma = log_uniform(&mut g, 1e-4, 3.0);
+            let upper = median * log_uniform(&mut g, 0.5, 20.0);
+            let bound = match round % 3 {
+                0 => upper,
+                1 => upper * log_uniform(&mut g, 1.0, 50.0),
+                _ => upper * log_uniform(&mut g, 0.2, 1.0),
+            };
+            let slo = if round % 5 == 0 {
+                // |z| near the saturation point, where the shortcut must step aside.
+                let w = if bound > upper {
+                    (bound / median).ln() / (upper / median).ln()
+                } else {
+                    1.0
+                };
+                let sign = if round % 2 == 0 { 1.0 } else { -1.0 };
+                median
+                    * (sign
+                        * TAIL_SATURATES
+                        * sigma
+                        * w.max(1.0)
+                        * (1.0 + (g.random::<f64>() - 0.5) * 1e-8))
+                        .exp()
+            } else {
+                median * log_uniform(&mut g, 1e-4, 1e4)
+            };
+            let (a, b) = (
+                tail_within(median, sigma, upper, bound, slo),
+                tail_within_computed(median, sigma, upper, bound, slo),
+            );
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{median} {sigma} {upper} {bound} {slo}"
+            );
+            shortcuts += saturated_tail(median, sigma, upper, bound, slo).is_some() as usize;
+        }
+        assert!(shortcuts > 100_000, "the shortcut is taken: {shortcuts}");
+        let odd = [
+            0.0,
+            -1.0,
+            1e-310,
+            f64::MIN_POSITIVE,
+            1.0,
+            f64::INFINITY,
+            f64::NAN,
+            1e300,
+        ];
+        for m in odd {
+            for s in odd {
+                for u in odd {
+                    for b in odd {
+                        for o in odd {
+                            let (a, c) = (
+                                tail_within(m, s, u, b, o),
+                                tail_within_computed(m, s, u, b, o),
+                            );
+                            assert!(
+                                a.to_bits() == c.to_bits() || (a.is_nan() && c.is_nan()),
+                                "{m} {s} {u} {b} {o}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -242,12 +242,17 @@ pub struct ReplicaConfig {
     /// (`cache_config_info`) when unset.
     #[serde(default)]
     pub kv_block_size: Option<u32>,
+    /// Whether the engine schedules by request priority, lowest first, so the router
+    /// sets each request's `priority` to its TTFT deadline; unset: `[proxy]
+    /// deadline_priority`. See [`ProxyConfig::deadline_priority`].
+    #[serde(default)]
+    pub deadline_priority: Option<bool>,
 }
 
 impl ReplicaConfig {
     /// Parses the `--replica` flag form: `URL[,key=value...]`, keys `name`, `class`,
     /// `region`, `role` (`prefill`, `decode`, `both`), `max_batched_tokens`, `kv-events`, `kv-replay`, `kv-topic`,
-    /// `kv-block-size` (`-` and `_` alike).
+    /// `kv-block-size`, `deadline-priority` (`-` and `_` alike).
     pub fn parse_flag(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let url = parts.next().unwrap_or_default().trim().to_string();
@@ -276,6 +281,12 @@ impl ReplicaConfig {
                 }
                 "class" => rc.class = Some(v),
                 "region" => rc.region = Some(v),
+                "deadline_priority" => {
+                    rc.deadline_priority = Some(
+                        v.parse()
+                            .map_err(|_| format!("deadline_priority `{v}` is not true or false"))?,
+                    )
+                }
                 "role" => rc.role = v.parse()?,
                 "max_batched_tokens" => {
                     rc.max_batched_tokens = Some(
@@ -386,6 +397,16 @@ pub struct ProxyConfig {
     /// Continuations one stream may get when a replica breaks it after its first byte
     /// (`proxy/failover.rs`); 0 turns mid-stream failover off for every tenant.
     pub failover_attempts: u32,
+    /// The replicas schedule by request priority, lowest value first (vLLM
+    /// `--scheduling-policy priority`; SGLang `--enable-priority-scheduling
+    /// --schedule-low-priority-values-first`): the router sets each request's
+    /// `priority` to its TTFT deadline in Unix milliseconds (arrival + objective), so
+    /// an engine serves its queue earliest deadline first and, short of KV, preempts
+    /// the latest deadline. A client's own `priority` is left as it is. Off by default:
+    /// vLLM documents that an engine scheduling first come, first served may refuse any
+    /// priority but 0 (0.32 ignores it), so it is set only where configured.
+    /// Per replica: `deadline_priority` in `[[replicas]]`.
+    pub deadline_priority: bool,
 }
 
 impl Default for ProxyConfig {
@@ -399,6 +420,7 @@ impl Default for ProxyConfig {
             retry_backoff_ms: 10,
             chunk_usage: true,
             failover_attempts: 2,
+            deadline_priority: false,
         }
     }
 }
@@ -677,6 +699,10 @@ mod tests {
         let e = ReplicaConfig::parse_flag("http://x,role=decoder").unwrap_err();
         assert!(e.contains("prefill, decode, both"), "{e}");
         assert!(ReplicaConfig::parse_flag("http://x,max_batched_tokens=lots").is_err());
+        let prio = ReplicaConfig::parse_flag("http://x,deadline-priority=true").unwrap();
+        assert_eq!(prio.deadline_priority, Some(true));
+        let e = ReplicaConfig::parse_flag("http://x,deadline_priority=yes").unwrap_err();
+        assert!(e.contains("not true or false"), "{e}");
         let k = ReplicaConfig::parse_flag(
             "http://x,kv-events=tcp://10.0.0.5:5557,kv_replay=tcp://10.0.0.5:5558,kv-topic=kv,kv-block-size=32",
         )

@@ -62,16 +62,24 @@ pub fn upstream_headers(client: &HeaderMap, peer: Option<IpAddr>) -> HeaderMap {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(p, IpAddr::V4),
         v4 => v4,
     });
-    let mut chain: Vec<String> = forwarded
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
+    // Written into one buffer: this runs on every request.
+    let mut chain = String::new();
+    for s in forwarded.into_iter().filter(|s| !s.is_empty()) {
+        if !chain.is_empty() {
+            chain.push_str(", ");
+        }
+        chain.push_str(s);
+    }
     if let Some(p) = peer {
-        chain.push(p.to_string());
+        use std::fmt::Write;
+        if !chain.is_empty() {
+            chain.push_str(", ");
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(chain, "{p}");
     }
     if !chain.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&chain.join(", "))
+        && let Ok(v) = HeaderValue::try_from(chain)
     {
         out.insert(X_FORWARDED_FOR.clone(), v);
     }

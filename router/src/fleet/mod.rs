@@ -5,6 +5,7 @@
 
 pub mod health;
 pub mod kv_feed;
+pub mod models;
 pub mod pacing;
 pub mod replica;
 pub mod scrape;

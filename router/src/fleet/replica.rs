@@ -2,7 +2,6 @@
 
 use std::sync::{Arc, atomic::AtomicU64};
 
-use arc_swap::ArcSwap;
 use crossbeam_utils::atomic::AtomicCell;
 
 use super::{health::Health, scrape::Scraped};
@@ -30,6 +29,9 @@ pub struct Replica {
     /// Its part in a disaggregated fleet.
     pub role: headroom_core::view::Role,
     pub max_batched_tokens: Option<u32>,
+    /// Its engine schedules by priority (`[[replicas]] deadline_priority`); unset:
+    /// the node's `[proxy] deadline_priority`.
+    pub deadline_priority: Option<bool>,
     pub ledger: Arc<Ledger>,
     /// Insertion cursor of this replica in the prefix index.
     pub prefix_cursor: AtomicU64,
@@ -37,7 +39,8 @@ pub struct Replica {
     /// candidate, and a read is then two plain loads instead of four atomic
     /// read-modify-writes on cache lines all decision threads share.
     pub scraped: AtomicCell<Option<Scraped>>,
-    pub models: ArcSwap<ServedModels>,
+    /// What it serves (`/v1/models`); decisions ask through its memo.
+    pub models: super::models::ModelsCell,
     pub health: Health,
     /// In-flight work of other router nodes here, as last gossiped.
     pub peer_load: AtomicCell<PeerLoad>,
@@ -80,10 +83,11 @@ impl Replica {
             region_dark: Default::default(),
             role: rc.role,
             max_batched_tokens: rc.max_batched_tokens,
+            deadline_priority: rc.deadline_priority,
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),
             scraped: AtomicCell::new(None),
-            models: ArcSwap::from_pointee(ServedModels::default()),
+            models: Default::default(),
             health: Health::default(),
             peer_load: AtomicCell::new(PeerLoad::default()),
             kv: super::kv_feed::KvSource::of(rc),

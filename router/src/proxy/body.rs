@@ -409,7 +409,7 @@ impl TrackedBody {
                     body,
                     f.headers.clone(),
                     profile,
-                    f.arrived,
+                    (f.arrived, f.deadline),
                 );
                 let next = Splice {
                     id,

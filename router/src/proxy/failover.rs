@@ -104,6 +104,8 @@ impl<'de> Visitor<'de> for NoteChoices<'_> {
 }
 
 const CHOICES: &[u8] = b"\"choices\":[";
+static M_CHOICES: super::sse::Marker =
+    super::sse::Marker::new(|| memchr::memmem::Finder::new(CHOICES));
 
 #[derive(Deserialize)]
 struct Choice<'a> {
@@ -133,7 +135,7 @@ impl Transcript {
     /// Notes one content event's payload (JSON, `data: ` stripped).
     pub fn note(&mut self, data: &[u8]) {
         if self.id.is_some()
-            && let Some(at) = memchr::memmem::find(data, CHOICES)
+            && let Some(at) = M_CHOICES.find(data)
         {
             // The header members were kept from the first chunk: later chunks are read
             // from their choices on (an unescaped `"choices":[` is structural, as in
@@ -409,6 +411,8 @@ pub struct Failover {
     pub headers: HeaderMap,
     pub profile: RequestProfile,
     pub strip: InjectedUsage,
+    /// The request's deadline priority (`priority`), kept by its continuations.
+    pub deadline: Option<i64>,
     pub arrived: Instant,
     /// Continuations still allowed.
     pub left: u32,
@@ -438,6 +442,11 @@ impl Failover {
             headers: headers.clone(),
             profile: profile.clone(),
             strip: parsed.injected,
+            deadline: super::priority::deadline_ms(
+                arrived,
+                profile.slo.ttft_ms,
+                parsed.client_priority,
+            ),
             arrived,
             left,
             splice: None,
@@ -480,7 +489,7 @@ pub async fn resume(
     body: Bytes,
     headers: HeaderMap,
     mut profile: RequestProfile,
-    arrived: Instant,
+    (arrived, deadline): (Instant, Option<i64>),
 ) -> Result<Resumed, &'static str> {
     // The continuation is not a decision record of its own (the request's record has the
     // first placement).
@@ -501,7 +510,9 @@ pub async fn resume(
         }
         let r = &target.replica;
         let booking = lifecycle::book(r.as_ref(), &profile, &target.routed, clock::now_s());
-        let req = super::upstream_request(r, endpoint, &body, &headers).map_err(|_| "request")?;
+        let sent_body = super::priority::body_for(r, &path.cfg.proxy, &body, deadline);
+        let req =
+            super::upstream_request(r, endpoint, &sent_body, &headers).map_err(|_| "request")?;
         let dispatched = Instant::now();
         let sent = tokio::time::timeout(
             path.cfg.proxy.first_byte_timeout(),

@@ -9,6 +9,7 @@
 pub mod body;
 pub mod failover;
 pub mod pd;
+pub mod priority;
 pub mod sse;
 
 use std::{sync::Arc, time::Instant};
@@ -183,7 +184,7 @@ fn upstream_request(
     body: &Bytes,
     headers: &HeaderMap,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let uri = upstream::join(&target.base, endpoint.path()).map_err(ApiError::upstream)?;
+    let uri = upstream::join_static(&target.base, endpoint.path()).map_err(ApiError::upstream)?;
     let mut req = Request::post(uri);
     for (k, v) in headers {
         let name = k.as_str();
@@ -273,6 +274,7 @@ pub async fn forward(
         record,
         fallback,
         ttft_learned: false,
+        deadline: priority::deadline_ms(arrived, profile.slo.ttft_ms, parsed.client_priority),
     };
     match send(&path, &parsed, &profile, &targets, &how, trace).await? {
         Sent::Response(r) => Ok(r),
@@ -293,6 +295,8 @@ pub(crate) struct Send<'a> {
     /// Learn no TTFT from this stage (a decode after a remote prefill: its first
     /// token's wait is the transfer's, learned per link instead).
     pub ttft_learned: bool,
+    /// The request's deadline priority, for replicas that take one (`priority`).
+    pub deadline: Option<i64>,
 }
 
 /// What became of sending to a list of targets.
@@ -375,6 +379,7 @@ pub(crate) async fn send(
         record,
         fallback,
         ttft_learned,
+        deadline,
     } = *how;
     let mut last_error: Option<Response<Incoming>> = None;
     let mut last_reason = "no attempt";
@@ -387,6 +392,7 @@ pub(crate) async fn send(
         }
         let r = &target.replica;
         let booking = lifecycle::book(r.as_ref(), profile, &target.routed, clock::now_s());
+        let body = &priority::body_for(r, &path.cfg.proxy, body, deadline);
         let req = match trace.as_deref_mut() {
             Some(t) => {
                 t.upstream(r, attempt, profile.stream);

@@ -158,7 +158,7 @@ async fn prefill(
     profile: &RequestProfile,
     prefills: &[Target],
     failed: &mut HashSet<usize>,
-    (body, headers): (&Bytes, &HeaderMap),
+    (body, headers, deadline): (&Bytes, &HeaderMap, Option<i64>),
     record: Option<u64>,
 ) -> Result<(usize, Value), PrefillEnd> {
     let mut last = "no prefill replica";
@@ -169,7 +169,8 @@ async fn prefill(
         }
         let r = &t.replica;
         let mut booking = lifecycle::book(r.as_ref(), profile, &t.routed, clock::now_s());
-        let req = upstream_request(r, parsed.endpoint, body, headers)
+        let body = super::priority::body_for(r, &path.cfg.proxy, body, deadline);
+        let req = upstream_request(r, parsed.endpoint, &body, headers)
             .map_err(|_| PrefillEnd::Failed("request"))?;
         let dispatched = Instant::now();
         let answer = tokio::time::timeout(path.cfg.proxy.first_byte_timeout(), async {
@@ -295,6 +296,8 @@ pub async fn forward(
     let mut held: Option<(usize, Value)> = None;
     let mut last_reason = "no decode replica";
     let mut last_error = None;
+    let deadline =
+        super::priority::deadline_ms(arrived, profile.slo.ttft_ms, parsed.client_priority);
     for (k, d) in decodes.iter().enumerate() {
         let (pi, params) = match held.take() {
             Some(h) => h,
@@ -304,7 +307,7 @@ pub async fn forward(
                 &pre_profile,
                 &prefills,
                 &mut failed_p,
-                (&pre_body, &headers),
+                (&pre_body, &headers, deadline),
                 record,
             )
             .await
@@ -330,6 +333,7 @@ pub async fn forward(
             record,
             fallback: plan.fallback,
             ttft_learned: true,
+            deadline,
         };
         let started = Instant::now();
         // The decode stage carries the trace (P/D's prefill stage has no span of its own).

@@ -57,6 +57,8 @@ pub struct Mock {
     pub prefix_queries: Arc<AtomicU64>,
     /// The `traceparent` header of the last completion request.
     pub traceparent: Arc<std::sync::Mutex<Option<String>>>,
+    /// The body of the last completion request.
+    pub last_body: Arc<std::sync::Mutex<Option<Bytes>>>,
     cancel: CancellationToken,
 }
 
@@ -84,6 +86,7 @@ struct MockState {
     metrics_delay_ms: Arc<AtomicU64>,
     prefix_queries: Arc<AtomicU64>,
     traceparent: Arc<std::sync::Mutex<Option<String>>>,
+    last_body: Arc<std::sync::Mutex<Option<Bytes>>>,
 }
 
 fn behaviour(s: &MockState) -> Behaviour {
@@ -149,6 +152,9 @@ async fn complete(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
     }
+    if let Ok(mut b) = s.last_body.lock() {
+        *b = Some(body.clone());
+    }
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(_) => return (StatusCode::BAD_REQUEST, "bad json").into_response(),
@@ -204,6 +210,7 @@ pub async fn mock(model: &str) -> Mock {
     let metrics_delay_ms = Arc::new(AtomicU64::new(0));
     let prefix_queries = Arc::new(AtomicU64::new(0));
     let traceparent = Arc::new(std::sync::Mutex::new(None));
+    let last_body = Arc::new(std::sync::Mutex::new(None));
     let st = MockState {
         model: model.into(),
         behaviour: behaviour.clone(),
@@ -212,6 +219,7 @@ pub async fn mock(model: &str) -> Mock {
         metrics_delay_ms: metrics_delay_ms.clone(),
         prefix_queries: prefix_queries.clone(),
         traceparent: traceparent.clone(),
+        last_body: last_body.clone(),
     };
     let app = Router::new()
         .route("/v1/completions", post(|s: State<MockState>, h: axum::http::HeaderMap, b: Bytes| complete(s, false, h, b)))
@@ -260,6 +268,7 @@ pub async fn mock(model: &str) -> Mock {
         metrics_delay_ms,
         prefix_queries,
         traceparent,
+        last_body,
         cancel,
     }
 }
