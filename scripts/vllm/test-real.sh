@@ -13,7 +13,10 @@
 #        HEADROOM_ROUTER_JOURNAL_DIR=DIR: each router writes its learner journal there
 #        and t4b its client records (replay: predictor/tests/real_cpu_journal.rs),
 #        HEADROOM_LOAD_TOOLS=0 skips the load tools' short form, HEADROOM_LOAD_TOOLS_OUT
-#        keeps their reports there (default: the run dir, removed after a pass).
+#        keeps their reports there (default: the run dir, removed after a pass),
+#        HEADROOM_REAL_VLLM_PROFILE=release builds the tests and the router they start
+#        optimised (default: the debug build CI uses; the router's own time per request,
+#        larger there, lands in every client-side TTFT).
 #
 # Before the Rust suite, the load tools operators run (guidellm, `vllm bench serve`,
 # inference-perf where a Python >= 3.12 is found) drive a router in front of the same
@@ -82,8 +85,14 @@ if [[ "${HEADROOM_LOAD_TOOLS:-1}" != 0 ]]; then
     setup_pid=$!
 fi
 
-log "building the test binary"
-(cd "$ROOT" && cargo test -p headroom --test real_vllm --no-run)
+PROFILE="${HEADROOM_REAL_VLLM_PROFILE:-debug}"
+case "$PROFILE" in
+    debug) PROFILE_ARGS=() ;;
+    release) PROFILE_ARGS=(--release) ;;
+    *) log "ERROR: HEADROOM_REAL_VLLM_PROFILE must be debug or release, not '$PROFILE'"; exit 1 ;;
+esac
+log "building the test binary ($PROFILE)"
+(cd "$ROOT" && cargo test "${PROFILE_ARGS[@]}" -p headroom --test real_vllm --no-run)
 
 log "waiting for the servers"
 if ! wait "$start_pid"; then
@@ -110,7 +119,7 @@ if [[ "${HEADROOM_LOAD_TOOLS:-1}" != 0 ]]; then
     LT_OUT="${HEADROOM_LOAD_TOOLS_OUT:-$WORK/load-tools}"
     log "load tools through the router, short form (log: $WORK/load-tools.log)"
     if ! HEADROOM_LOAD_URLS="$HEADROOM_VLLM_URLS" HEADROOM_LOAD_REQUESTS=8 \
-        HEADROOM_LOAD_EXPECT=8 HEADROOM_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/headroom" \
+        HEADROOM_LOAD_EXPECT=8 HEADROOM_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE/headroom" \
         "$HERE/load-tools.sh" "$LT_OUT" >"$WORK/load-tools.log" 2>&1; then
         log "ERROR: the load tools' short form failed"
         tail -n 40 "$WORK/load-tools.log" >&2
@@ -121,7 +130,7 @@ fi
 
 log "running router/tests/real_vllm.rs"
 set +e
-(cd "$ROOT" && cargo test -p headroom --test real_vllm -- --test-threads=1 --nocapture "$@")
+(cd "$ROOT" && cargo test "${PROFILE_ARGS[@]}" -p headroom --test real_vllm -- --test-threads=1 --nocapture "$@")
 status=$?
 set -e
 log "tests finished with status $status"

@@ -408,7 +408,12 @@ pub fn near_best(e: &Eval, best: f64, cfg: &SloConfig, extra: f64) -> bool {
 /// loaded of all: nodes whose views of their peers lag by a gossip period would all
 /// send the same instant's requests to the one least-loaded replica, while a uniform
 /// draw leaves the spread to chance (16 meshed nodes on 4 replicas: 8–12% imbalance
-/// against a single node's 3–6%). `near` must not be empty.
+/// against a single node's 3–6%). On equal counts, the one this node has sent fewer
+/// prompt tokens lately (the ledger's decayed dispatch rate, which sees this node's own
+/// placements at once): in-flight counts are small integers that tie often, and a tie
+/// drawn at random leaves each node's own spread to chance, while this one evens it, so
+/// the sum over nodes is even too. The first drawn on a full tie. `near` must not be
+/// empty.
 fn two_choices(near: &[usize], cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>) -> usize {
     let n = near.len();
     let a = near[ctx.rng.random_range(0..n)];
@@ -418,11 +423,10 @@ fn two_choices(near: &[usize], cands: &[Candidate<'_>], ctx: &mut DecideCtx<'_>)
     // The second draw skips the first: two distinct candidates.
     let j = ctx.rng.random_range(0..n - 1);
     let b = near[if near[j] == a { n - 1 } else { j }];
-    if cands[b].load().requests < cands[a].load().requests {
-        b
-    } else {
-        a
-    }
+    let (la, lb) = (cands[a].load(), cands[b].load());
+    let lighter = lb.requests < la.requests
+        || (lb.requests == la.requests && lb.prefill_inflow_tps < la.prefill_inflow_tps);
+    if lighter { b } else { a }
 }
 
 pub struct SloPolicy {
@@ -984,6 +988,30 @@ mod tests {
             assert!((800..1_200).contains(&picks[i]), "{picks:?}");
         }
         assert_eq!(two_choices(&[3], &cands, &mut ctx), 3);
+    }
+
+    /// On equal in-flight counts the replica this node has sent less to lately wins,
+    /// whichever is drawn first.
+    #[test]
+    fn two_choices_breaks_a_tie_toward_the_replica_sent_less_lately() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        let mut cands: Vec<Candidate<'_>> = rs
+            .iter()
+            .map(|r| testkit::cand(r, 0, testkit::requests(1.0)))
+            .collect();
+        let mut recent = testkit::requests(0.0);
+        recent.prefill_inflow_tps = 500.0;
+        cands[0].peers = recent;
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+        let mut ctx = DecideCtx {
+            now_s: 0.0,
+            rng: &mut rng,
+            top: usize::MAX,
+        };
+        for _ in 0..200 {
+            assert_eq!(two_choices(&[0, 1], &cands, &mut ctx), 1);
+        }
     }
 
     /// The design's worked example: objectives 800/50; A 500/65, B 650/35, C 900/25 → B.
