@@ -86,8 +86,18 @@ fn small_top(costs: &[f64], seed: u64, top: usize) -> Vec<usize> {
     }
     let mut order: Vec<usize> = Vec::with_capacity(costs.len());
     order.extend(best[..len].iter().map(|&(_, _, i)| i as usize));
-    let chosen = &best[..len];
-    order.extend((0..costs.len()).filter(|&i| !chosen.iter().any(|&(_, _, j)| j as usize == i)));
+    // The rest in index order: the chosen indices sorted, skipped by one moving
+    // pointer rather than a search of all of them per candidate.
+    let mut chosen = [0usize; SMALL_TOP];
+    chosen[..len].copy_from_slice(&order[..len]);
+    let chosen = &mut chosen[..len];
+    chosen.sort_unstable();
+    let mut from = 0;
+    for &c in chosen.iter() {
+        order.extend(from..c);
+        from = c + 1;
+    }
+    order.extend(from..costs.len());
     order
 }
 

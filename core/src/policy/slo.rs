@@ -48,11 +48,11 @@
 
 use std::sync::{
     Arc,
-    atomic::{AtomicU32, Ordering::Relaxed},
+    atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed},
 };
 
 use headroom_predictor::{
-    ModelState, Prediction, SharedPredictor, TAIL_SATURATES, lognormal_tail, memo,
+    ModelState, Prediction, SharedPredictor, Snapshot, TAIL_SATURATES, lognormal_tail, memo,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -344,18 +344,19 @@ pub fn order(evals: &[Eval], rng: &mut dyn rand::RngCore) -> Vec<usize> {
 
 /// As [`order`], with only the first `top` in order ([`rank::by_cost_top`]).
 pub fn order_top(evals: &[Eval], rng: &mut dyn rand::RngCore, top: usize) -> Vec<usize> {
-    let keys: Vec<f64> = evals
-        .iter()
-        .map(|e| {
-            let within = if e.tier == 0 {
-                e.p_violate + e.cost * 1e-3
-            } else {
-                e.lateness
-            };
-            e.tier as f64 * TIER_SPACING + within.min(TIER_SPACING / 2.0)
-        })
-        .collect();
+    let keys: Vec<f64> = evals.iter().map(order_key).collect();
     rank::by_cost_top(&keys, rng, top)
+}
+
+/// An evaluation's place in [`order`] (ascending).
+#[inline]
+pub fn order_key(e: &Eval) -> f64 {
+    let within = if e.tier == 0 {
+        e.p_violate + e.cost * 1e-3
+    } else {
+        e.lateness
+    };
+    e.tier as f64 * TIER_SPACING + within.min(TIER_SPACING / 2.0)
 }
 
 /// Keys of different tiers never overlap (violation probability with collateral is at
@@ -434,6 +435,8 @@ pub struct SloPolicy {
     cfg: SloConfig,
     /// This node's previous pick (replica id + 1; 0 = none), for hysteresis.
     last: AtomicU32,
+    /// That pick's candidate index in its decision: where it is looked for first.
+    last_index: AtomicUsize,
 }
 
 impl SloPolicy {
@@ -442,6 +445,7 @@ impl SloPolicy {
             predictor,
             cfg,
             last: AtomicU32::new(0),
+            last_index: AtomicUsize::new(0),
         }
     }
 
@@ -471,11 +475,18 @@ impl SloPolicy {
             .fold(f64::INFINITY, f64::min);
         // The previous pick's candidate, if it is one (ids are unique): found once, not
         // by a virtual call per feasible candidate in each filter below.
+        // Tried first at the index it had in the last decision (the fleet's order rarely
+        // changes), so the scan of virtual calls runs only when it moved.
         let last = self.last.load(Relaxed);
-        let prev = feasible
-            .iter()
-            .copied()
-            .find(|&i| cands[i].replica.id() + 1 == last);
+        let is_last = |i: usize| cands[i].replica.id() + 1 == last;
+        let hint = self.last_index.load(Relaxed);
+        let prev = if last == 0 {
+            None
+        } else if feasible.binary_search(&hint).is_ok() && is_last(hint) {
+            Some(hint)
+        } else {
+            feasible.iter().copied().find(|&i| is_last(i))
+        };
         let band: Vec<usize> = feasible
             .into_iter()
             .filter(|&i| {
@@ -512,6 +523,68 @@ impl SloPolicy {
 }
 
 impl SloPolicy {
+    /// How candidate `c` with forecast `p` (engine-side) and load `load` fares against
+    /// the request's objectives, its round trip `rtt` (remote only) taken from the TTFT
+    /// objective; `best_cached` is the most any candidate holds of the prompt.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn judge(
+        &self,
+        snap: &Snapshot,
+        req: &RequestProfile,
+        c: &Candidate<'_>,
+        p: &Prediction,
+        load: &Load,
+        rtt: Option<f64>,
+        best_cached: u32,
+    ) -> Eval {
+        // The engine must answer within the objective less the round trip.
+        let ttft_slo = (req.slo.ttft_ms - rtt.unwrap_or(0.0)).max(1e-6);
+        let mut e = evaluate(p, ttft_slo, req.slo.tpot_ms, load.min_tpot_slo_ms);
+        // This prefill stretches the steps of every request decoding there: the
+        // expected objectives it would break count against the placement.
+        let uncached_tokens = req.prompt_tokens.saturating_sub(c.cached_tokens);
+        if self.cfg.interference_guard
+            && load.decoding_requests >= 1.0
+            && uncached_tokens >= INTERFERENCE_MIN_TOKENS
+        {
+            let mut alone = features::observation_with(req, c, load);
+            alone.queued_prefill_tokens = 0.0;
+            alone.queued_requests = 0.0;
+            alone.queued_attention_pairs = 0.0;
+            let prefill_ms = snap.predict_ttft_ms(features::key(c), &alone);
+            let remaining = (load.decode_remaining_tokens / load.decoding_requests).max(8.0);
+            let slo = load.min_tpot_slo_ms.unwrap_or(req.slo.tpot_ms);
+            let collateral =
+                collateral_violations(p, prefill_ms / remaining, slo) * load.decoding_requests;
+            e.p_violate = (e.p_violate + collateral).min(10.0);
+            if collateral >= 0.5 {
+                e.tpot_ok = false;
+                e.tier = 2 - e.ttft_ok as u8 - e.tpot_ok as u8;
+            }
+        }
+        // Prefill work this placement repeats that the best-cached one would not: a
+        // replica holding the prefix costs less for everyone, not only for this request.
+        // Relative to the best, so equal caches add nothing and the cost tolerance
+        // compares latencies rather than a shared constant.
+        let wasted =
+            best_cached.saturating_sub(c.cached_tokens) as f64 / req.prompt_tokens.max(1) as f64;
+        e.cost += self.cfg.cache_weight * wasted;
+        e.lateness += self.cfg.cache_weight * wasted;
+        // A cold replica with nothing on it is safe to try: that is how it warms. Not
+        // with a request whose prefix another replica holds: the try would repeat that
+        // prefill on unknown hardware (a 2,000-token repeat sent to the slow real-vLLM
+        // server at 4× the cached TTFT).
+        if cold_try_ok(p.ttft_state, load.requests, wasted) {
+            e.tier = 0;
+            e.p_violate = e.p_violate.min(0.1);
+        }
+        if self.cfg.kv_room {
+            judge_kv_room(&mut e, kv_room::overflow(req, c, load));
+        }
+        e
+    }
+
     /// An idle, long-unused candidate predicted to meet both objectives (see
     /// `probe_idle_s`); the longest unused first.
     fn probe(
@@ -553,16 +626,28 @@ impl Policy for SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let snap = self.predictor.load();
-        // One pass per candidate: its round trip and the engine-side forecast. Loads and
-        // observations are summed again where needed (identical values) rather than kept
-        // for every candidate: at 1,024 candidates each such table is 100-150 kB, and
-        // their copies and page faults cost more than the sums.
+        // One pass per candidate: its round trip, the engine-side forecast and its
+        // evaluation, with the candidate's load summed once for both. Evaluating before
+        // the warmth test below wastes the evaluations only when the home region is
+        // cold (then the decision goes by load); a second pass over the rows and the
+        // forecasts was ≈ 15% of a warm decision at 1,024 candidates. Loads and
+        // observations are not kept per candidate: at 1,024 candidates each such table
+        // is 100-150 kB, and their copies and page faults cost more than the sums.
+        let best_cached = cands.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
         let mut rtts: Vec<Option<f64>> = Vec::with_capacity(cands.len());
         let mut preds: Vec<Prediction> = Vec::with_capacity(cands.len());
+        let mut evals: Vec<Eval> = Vec::with_capacity(cands.len());
+        // The ranking's keys ([`order_top`]) too, while each evaluation is at hand.
+        let mut keys: Vec<f64> = Vec::with_capacity(cands.len());
         for c in cands {
             let load = c.load();
-            preds.push(snap.predict(features::key(c), &features::observation_with(req, c, &load)));
-            rtts.push(c.replica.remote_rtt_ms());
+            let rtt = c.replica.remote_rtt_ms();
+            let p = snap.predict(features::key(c), &features::observation_with(req, c, &load));
+            let e = self.judge(&snap, req, c, &p, &load, rtt, best_cached);
+            keys.push(order_key(&e));
+            evals.push(e);
+            preds.push(p);
+            rtts.push(rtt);
         }
         // TTFT decides placement when nothing fits well; a cold TPOT model only widens
         // its own bound (its labels are scarcer and noisier), so warmth is TTFT's. It is
@@ -623,63 +708,8 @@ impl Policy for SloPolicy {
             d.fallback = Some("cold-model");
             return d;
         }
-        let best_cached = cands.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
-        let evals: Vec<Eval> = cands
-            .iter()
-            .zip(&preds)
-            .zip(&rtts)
-            .map(|((c, p), rtt)| {
-                let load = &c.load();
-                // The engine must answer within the objective less the round trip.
-                let ttft_slo = (req.slo.ttft_ms - rtt.unwrap_or(0.0)).max(1e-6);
-                let mut e = evaluate(p, ttft_slo, req.slo.tpot_ms, load.min_tpot_slo_ms);
-                // This prefill stretches the steps of every request decoding there: the
-                // expected objectives it would break count against the placement.
-                let uncached_tokens = req.prompt_tokens.saturating_sub(c.cached_tokens);
-                if self.cfg.interference_guard
-                    && load.decoding_requests >= 1.0
-                    && uncached_tokens >= INTERFERENCE_MIN_TOKENS
-                {
-                    let mut alone = features::observation_with(req, c, load);
-                    alone.queued_prefill_tokens = 0.0;
-                    alone.queued_requests = 0.0;
-                    alone.queued_attention_pairs = 0.0;
-                    let prefill_ms = snap.predict_ttft_ms(features::key(c), &alone);
-                    let remaining =
-                        (load.decode_remaining_tokens / load.decoding_requests).max(8.0);
-                    let slo = load.min_tpot_slo_ms.unwrap_or(req.slo.tpot_ms);
-                    let collateral = collateral_violations(p, prefill_ms / remaining, slo)
-                        * load.decoding_requests;
-                    e.p_violate = (e.p_violate + collateral).min(10.0);
-                    if collateral >= 0.5 {
-                        e.tpot_ok = false;
-                        e.tier = 2 - e.ttft_ok as u8 - e.tpot_ok as u8;
-                    }
-                }
-                // Prefill work this placement repeats that the best-cached one would not:
-                // a replica holding the prefix costs less for everyone, not only for this
-                // request. Relative to the best, so equal caches add nothing and the cost
-                // tolerance compares latencies rather than a shared constant.
-                let wasted = best_cached.saturating_sub(c.cached_tokens) as f64
-                    / req.prompt_tokens.max(1) as f64;
-                e.cost += self.cfg.cache_weight * wasted;
-                e.lateness += self.cfg.cache_weight * wasted;
-                // A cold replica with nothing on it is safe to try: that is how it warms.
-                // Not with a request whose prefix another replica holds: the try would
-                // repeat that prefill on unknown hardware (a 2,000-token repeat sent to
-                // the slow real-vLLM server at 4× the cached TTFT).
-                if cold_try_ok(p.ttft_state, load.requests, wasted) {
-                    e.tier = 0;
-                    e.p_violate = e.p_violate.min(0.1);
-                }
-                if self.cfg.kv_room {
-                    judge_kv_room(&mut e, kv_room::overflow(req, c, load));
-                }
-                e
-            })
-            .collect();
         to_seen(&mut preds);
-        let mut ranked = order_top(&evals, ctx.rng, ctx.top);
+        let mut ranked = rank::by_cost_top(&keys, ctx.rng, ctx.top);
         // Local first: out of region only when no local candidate meets both objectives
         // and a remote one, its round trip included, does; least-bad stays local.
         let away = |i: usize| !local(i);
@@ -718,6 +748,7 @@ impl Policy for SloPolicy {
                 ranked.retain(|&i| i != choice);
                 ranked.insert(0, choice);
                 self.last.store(cands[choice].replica.id() + 1, Relaxed);
+                self.last_index.store(choice, Relaxed);
                 Decision {
                     choice: Choice::Route(ranked),
                     predictions: preds,
