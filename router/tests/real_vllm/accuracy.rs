@@ -124,12 +124,24 @@ fn shape_of(d: &mut Draw, k: usize, firsts: &mut Vec<(u64, usize)>) -> (bool, u6
     (k % 2 == 1, pseed, len, out.min(128))
 }
 
-/// Per replica name: the label count at which its model first turned warm, and
-/// whether it was seen cold again after that.
+/// Per replica name: the label count at which its TTFT model first turned warm, and
+/// whether it was seen otherwise after that. TTFT's state is what sends `slo` to its
+/// cold-model fallback (`min_warm_fraction` counts TTFT states); the TPOT model's state
+/// is reported beside it (its coverage collapsing makes it `stale` for a while: seen
+/// on the release router, 2026-12-06), not asserted.
 #[derive(Clone, Debug, Default)]
 struct Warmth {
     warm_at: Option<u64>,
     cold_after: bool,
+    /// The TTFT report and label count at the first poll that found it not warm after
+    /// warm: the gate's inputs say why.
+    left_warm: Option<(String, u64)>,
+    /// The TTFT report this poll found (truncated), and the label count.
+    now: (String, u64),
+    /// TPOT: warm seen, and the first state other than warm seen after it.
+    tpot_warm: bool,
+    tpot_left: Option<String>,
+    tpot_now: String,
 }
 
 /// Scores of one server's scored requests.
@@ -309,9 +321,19 @@ async fn one_seed(
                     let mut w = warmth.lock().expect("lock");
                     for (k, v) in now {
                         let e = w.entry(k).or_default();
+                        if v.tpot_now == "warm" {
+                            e.tpot_warm = true;
+                        } else if e.tpot_warm && e.tpot_left.is_none() {
+                            e.tpot_left = Some(v.tpot_now.clone());
+                        }
                         match (e.warm_at, v.warm_at) {
                             (None, Some(at)) => e.warm_at = Some(at),
-                            (Some(_), None) => e.cold_after = true,
+                            (Some(_), None) => {
+                                if !e.cold_after {
+                                    e.left_warm = Some(v.now.clone());
+                                }
+                                e.cold_after = true;
+                            }
                             _ => {}
                         }
                     }
@@ -386,7 +408,7 @@ async fn one_seed(
         let h = label_honesty(&m, &name);
         println!(
             "  seed {seed} {name} ({}): {} requests, {} scored; TTFT median err {:.1}%, MAPE {:.1}%, p90 coverage {:.2}; \
-             TPOT (vs engine ITL, {} requests) median err {:.1}%, p90 coverage {:.2}; warm at {:?} labels, cold again after: {}; \
+             TPOT (vs engine ITL, {} requests) median err {:.1}%, p90 coverage {:.2}; TTFT warm at {:?} labels, cold again after: {} (first seen {:?}); TPOT model left warm: {:?}; \
              stream TPOT within 15% of the engine's: {:.0}% of {} (below a quarter: {})",
             env.class_of(i),
             mine.len(),
@@ -399,6 +421,8 @@ async fn one_seed(
             sc.tpot_cover,
             w.warm_at,
             w.cold_after,
+            w.left_warm,
+            w.tpot_left,
             h.0 * 100.0,
             h.2,
             h.1,
@@ -428,7 +452,10 @@ async fn one_seed(
             }
             miss(
                 w.warm_at.is_some_and(|n| n <= 40) && !w.cold_after,
-                format!("warm at {:?}, cold after: {}", w.warm_at, w.cold_after),
+                format!(
+                    "warm at {:?}, cold after: {} (first seen {:?})",
+                    w.warm_at, w.cold_after, w.left_warm
+                ),
             );
         }
         // Where the TTFT goes: the engine's own share, and what the API server and the
@@ -481,13 +508,19 @@ impl RouterProbe {
         let mut out = HashMap::new();
         for rep in v["replicas"].as_array().into_iter().flatten() {
             let name = rep["replica"].as_str().unwrap_or_default().to_string();
-            let warm = rep["report"]["state"].as_str() == Some("warm");
-            let labels = rep["report"]["ttft"]["labels"].as_u64().unwrap_or(0);
+            let ttft = &rep["report"]["ttft"];
+            let state = ttft["state"].as_str().unwrap_or("?");
+            let labels = ttft["labels"].as_u64().unwrap_or(0);
             out.insert(
                 name,
                 Warmth {
-                    warm_at: warm.then_some(labels),
-                    cold_after: false,
+                    warm_at: (state == "warm").then_some(labels),
+                    now: (ttft.to_string().chars().take(700).collect(), labels),
+                    tpot_now: rep["report"]["tpot"]["state"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .to_string(),
+                    ..Warmth::default()
                 },
             );
         }
