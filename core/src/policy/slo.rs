@@ -17,8 +17,9 @@
 //! the objectives) instead of the violation probability, which is near 1 for all there
 //! ([`within_tier_key`]). The choice is among near-equals — violation probability
 //! within `near_equal` of the best, then cost within `cost_tolerance` of the cheapest —
-//! the fewer in-flight requests of two drawn at random, with hysteresis for this node's
-//! previous pick, so nodes holding the same view do not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
+//! the fewer in-flight requests of two drawn at random (on a tie, the one this node sent
+//! fewer prompt tokens lately), with hysteresis for this node's previous pick, so nodes
+//! holding the same view do not herd. While any candidate's TTFT model is cold or stale (`min_warm_fraction`) the policy says so and ranks
 //! by outstanding tokens instead — this request's uncached prompt tokens and expected
 //! output plus what is already there (with `kv_room`, among the candidates with KV
 //! room when any has it) — which is prefix-aware and load-aware: on the
