@@ -57,6 +57,12 @@ pub struct Side {
     pub attainment: f64,
     pub imbalance: f64,
     pub served_by: BTreeMap<String, usize>,
+    /// Per replica, how many requests each node (by index) had it serve: whether an
+    /// under-served replica is under-served by every node (a shared view) or by a few.
+    pub served_by_node: BTreeMap<String, Vec<usize>>,
+    /// Per replica, requests it served in each [`WINDOW_S`] window of send time:
+    /// whether a shortfall lasts the run or comes in spells.
+    pub served_by_window: BTreeMap<String, Vec<usize>>,
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p99_ms: Option<f64>,
     /// Mean and largest over nodes (None for a single node: no mesh).
@@ -67,6 +73,9 @@ pub struct Side {
     pub leftovers: usize,
     pub crashed: Vec<String>,
 }
+
+/// Width of the windows of [`Side::served_by_window`] (s).
+pub const WINDOW_S: f64 = 10.0;
 
 /// Both sides and the verdict.
 #[derive(Clone, Debug, Serialize)]
@@ -181,6 +190,27 @@ async fn side(o: &ScaleOptions, routers: usize) -> Result<Side, ChaosError> {
             *served_by.entry(n.clone()).or_insert(0) += 1;
         }
     }
+    let mut served_by_node: BTreeMap<String, Vec<usize>> = served_by
+        .keys()
+        .map(|k| (k.clone(), vec![0; routers]))
+        .collect();
+    let windows = (o.duration_s / WINDOW_S).ceil().max(1.0) as usize;
+    let mut served_by_window: BTreeMap<String, Vec<usize>> = served_by
+        .keys()
+        .map(|k| (k.clone(), vec![0; windows]))
+        .collect();
+    for r in records.iter().filter(|r| r.class == EndClass::Ok) {
+        let Some(n) = &r.replica else { continue };
+        if let (Some(node), Some(v)) = (r.node, served_by_node.get_mut(n)) {
+            if let Some(c) = v.get_mut(node) {
+                *c += 1;
+            }
+        }
+        if let Some(v) = served_by_window.get_mut(n) {
+            let w = ((r.sent_s / WINDOW_S).max(0.0) as usize).min(windows - 1);
+            v[w] += 1;
+        }
+    }
     let counts: Vec<f64> = served_by.values().map(|v| *v as f64).collect();
     let mean = counts.iter().sum::<f64>() / counts.len().max(1) as f64;
     let max = counts.iter().copied().fold(0.0, f64::max);
@@ -197,6 +227,8 @@ async fn side(o: &ScaleOptions, routers: usize) -> Result<Side, ChaosError> {
             / records.len().max(1) as f64,
         imbalance: if mean > 0.0 { max / mean - 1.0 } else { 0.0 },
         served_by,
+        served_by_node,
+        served_by_window,
         ttft_p50_ms: check::quantile(&ttft, 0.5),
         ttft_p99_ms: check::quantile(&ttft, 0.99),
         gossip_bytes_per_s_mean: gossip
@@ -323,6 +355,9 @@ pub fn markdown(r: &ScaleReport) -> String {
             x.cpu_ms_per_s_max
         );
     }
+    for x in [&r.single, &r.mesh] {
+        let _ = write!(s, "{}", where_served(x));
+    }
     let _ = writeln!(s, "\n| check | verdict | detail |\n|---|---|---|");
     for c in &r.checks {
         let _ = writeln!(
@@ -331,6 +366,71 @@ pub fn markdown(r: &ScaleReport) -> String {
             c.name,
             if c.pass { "PASS" } else { "**FAIL**" },
             c.detail
+        );
+    }
+    s
+}
+
+/// Per replica of one side: its share of the requests served, how many nodes sent it
+/// less than a fair share of their own requests, and its share per window — where an
+/// imbalance sits (one node, every node; a spell, the whole run).
+fn where_served(x: &Side) -> String {
+    use std::fmt::Write as _;
+    let k = x.served_by.len().max(1) as f64;
+    let node_totals: Vec<usize> = (0..x.nodes)
+        .map(|i| {
+            x.served_by_node
+                .values()
+                .map(|v| v.get(i).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect();
+    let windows = x.served_by_window.values().map(Vec::len).max().unwrap_or(0);
+    let window_totals: Vec<usize> = (0..windows)
+        .map(|w| {
+            x.served_by_window
+                .values()
+                .map(|v| v.get(w).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect();
+    let total: usize = x.served_by.values().sum();
+    let pct = |a: usize, b: usize| {
+        if b > 0 {
+            a as f64 * 100.0 / b as f64
+        } else {
+            0.0
+        }
+    };
+    let mut s = format!(
+        "\n{} node(s), per replica (fair share {:.1}%):\n\n| replica | share | nodes under a fair share / nodes | share per {WINDOW_S:.0} s window |\n|---|---|---|---|\n",
+        x.nodes,
+        100.0 / k
+    );
+    for (name, served) in &x.served_by {
+        let per_node = x.served_by_node.get(name);
+        let under = (0..x.nodes)
+            .filter(|&i| {
+                let got = per_node.and_then(|v| v.get(i)).copied().unwrap_or(0);
+                node_totals[i] > 0 && (got as f64) < node_totals[i] as f64 / k
+            })
+            .count();
+        let per_window: Vec<String> = x
+            .served_by_window
+            .get(name)
+            .map(|v| {
+                v.iter()
+                    .zip(&window_totals)
+                    .map(|(a, b)| format!("{:.0}", pct(*a, *b)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| {name} | {:.1}% | {under} / {} | {} |",
+            pct(*served, total),
+            x.nodes,
+            per_window.join(" ")
         );
     }
     s
@@ -345,4 +445,25 @@ pub fn write(dir: &std::path::Path, r: &ScaleReport) -> Result<(), ChaosError> {
     std::fs::write(dir.join("scale.md"), markdown(r))
         .map_err(|e| ChaosError::io("writing scale.md", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica every node sends less than a fair share to is reported as under-served
+    /// by all of them, and its shortfall shows in each window it lasts.
+    #[test]
+    fn where_served_names_who_under_serves_a_replica_and_when() {
+        let x = Side {
+            nodes: 2,
+            served_by: BTreeMap::from([("a".into(), 12), ("b".into(), 8)]),
+            served_by_node: BTreeMap::from([("a".into(), vec![6, 6]), ("b".into(), vec![4, 4])]),
+            served_by_window: BTreeMap::from([("a".into(), vec![5, 7]), ("b".into(), vec![5, 3])]),
+            ..Side::default()
+        };
+        let md = where_served(&x);
+        assert!(md.contains("| a | 60.0% | 0 / 2 | 50 70 |"), "{md}");
+        assert!(md.contains("| b | 40.0% | 2 / 2 | 50 30 |"), "{md}");
+    }
 }

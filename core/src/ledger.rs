@@ -55,6 +55,10 @@ pub struct Load {
     /// Expected time left in the engine step in progress (s); 0 when unknown. Only this
     /// node's streams show it: it is not additive and not gossiped.
     pub step_residual_s: f64,
+    /// How long the oldest stream this node placed here has waited for its first
+    /// token (s; 0 when none waits): a queue that stands rather than drains. Local like
+    /// the step residual.
+    pub queue_age_s: f64,
 }
 
 impl Load {
@@ -75,6 +79,7 @@ impl Load {
                 (a, b) => a.or(b),
             },
             step_residual_s: self.step_residual_s.max(o.step_residual_s),
+            queue_age_s: self.queue_age_s.max(o.queue_age_s),
         }
     }
 
@@ -134,7 +139,29 @@ pub struct Ledger {
     /// `queue.view()` as readers see it (f64 bits: uncached, cached, since, rate,
     /// expected first token).
     head: [AtomicU64; 5],
+    /// The view's oldest waiting stream's booking time.
+    oldest_stream: OptionalF64,
     steps: StepClock,
+}
+
+/// An `Option<f64>` readers take without a lock: NaN bits stand for `None`, and so
+/// does a new one.
+#[derive(Debug)]
+struct OptionalF64(AtomicU64);
+
+impl Default for OptionalF64 {
+    fn default() -> Self {
+        Self(AtomicU64::new(f64::NAN.to_bits()))
+    }
+}
+
+impl OptionalF64 {
+    fn get(&self) -> Option<f64> {
+        Some(f64::from_bits(self.0.load(Relaxed))).filter(|x| !x.is_nan())
+    }
+    fn set(&self, x: Option<f64>) {
+        self.0.store(x.unwrap_or(f64::NAN).to_bits(), Relaxed);
+    }
 }
 
 fn f(a: &AtomicI64) -> f64 {
@@ -148,7 +175,8 @@ impl Ledger {
 
     /// Current load at `now_s`.
     pub fn load(&self, now_s: f64) -> Load {
-        let done = self.head_view().progress(now_s);
+        let head = self.head_view();
+        let done = head.progress(now_s);
         let decoding = f(&self.decoding_requests);
         Load {
             requests: f(&self.requests),
@@ -173,6 +201,9 @@ impl Ledger {
             } else {
                 0.0
             },
+            queue_age_s: head
+                .oldest_stream_booked_s
+                .map_or(0.0, |b| (now_s - b).max(0.0)),
         }
     }
 
@@ -184,6 +215,7 @@ impl Ledger {
             since_s: g(2),
             rate_tps: g(3),
             expected_first_s: g(4),
+            oldest_stream_booked_s: self.oldest_stream.get(),
         }
     }
 
@@ -202,6 +234,7 @@ impl Ledger {
         for (slot, x) in self.head.iter().zip(xs) {
             slot.store(x.to_bits(), Relaxed);
         }
+        self.oldest_stream.set(v.oldest_stream_booked_s);
     }
 
     /// When this node last booked a request here (`now_s` axis; 0 if never).
@@ -237,7 +270,7 @@ impl Ledger {
             .expected_ttft_s
             .filter(|t| t.is_finite() && *t > 0.0)
             .map_or(0.0, |t| now_s + t);
-        self.with_queue(|q| q.push(id, u, k, now_s, first));
+        self.with_queue(|q| q.push(id, u, k, now_s, first, spec.stream));
         {
             let mut inflow = self.inflow.lock();
             inflow.add(u, now_s);
@@ -428,6 +461,21 @@ mod tests {
             (q.requests, q.queued_requests, q.queued_streams),
             (0.0, 0.0, 0.0)
         );
+    }
+
+    /// The queue's age is how long its oldest waiting stream has waited: none on a new
+    /// ledger (also at time 0), and it restarts from the next stream once one is served.
+    #[test]
+    fn queue_age_is_the_oldest_waiting_streams_wait() {
+        let l = Ledger::new();
+        assert_eq!(l.load(5.0).queue_age_s, 0.0);
+        let mut a = l.book(spec(100, 0, 10), 0.0);
+        let _b = l.book(spec(100, 0, 10), 1.0);
+        assert_eq!(l.load(2.5).queue_age_s, 2.5);
+        a.first_token(3.0);
+        assert_eq!(l.load(3.5).queue_age_s, 2.5);
+        drop(_b);
+        assert_eq!(l.load(4.0).queue_age_s, 0.0);
     }
 
     #[test]

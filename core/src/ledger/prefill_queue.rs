@@ -33,6 +33,9 @@ struct Entry {
     booked_s: f64,
     /// Forecast first-token time (0 when none).
     expected_first_s: f64,
+    /// Streamed: its first token ends its wait where this node sees it. A non-streamed
+    /// one stays queued until it ends, so its age says nothing about the queue.
+    stream: bool,
 }
 
 /// Why a booking left the queue.
@@ -63,6 +66,8 @@ pub struct HeadView {
     pub rate_tps: f64,
     /// The head's forecast first-token time; 0 when none.
     pub expected_first_s: f64,
+    /// When the oldest streamed request still waiting for its first token was booked.
+    pub oldest_stream_booked_s: Option<f64>,
 }
 
 impl HeadView {
@@ -96,7 +101,15 @@ pub struct PrefillQueue {
 impl PrefillQueue {
     /// A booking joined the queue at `now_s`, its first token forecast at
     /// `expected_first_s` (0 when there is no trusted forecast).
-    pub fn push(&mut self, id: u64, uncached: f64, cached: f64, now_s: f64, expected_first_s: f64) {
+    pub fn push(
+        &mut self,
+        id: u64,
+        uncached: f64,
+        cached: f64,
+        now_s: f64,
+        expected_first_s: f64,
+        stream: bool,
+    ) {
         if self.entries.is_empty() {
             self.head_since_s = now_s;
         }
@@ -106,6 +119,7 @@ impl PrefillQueue {
             cached,
             booked_s: now_s,
             expected_first_s,
+            stream,
         });
     }
 
@@ -147,6 +161,9 @@ impl PrefillQueue {
         } else {
             0.0
         };
+        // Entries are in booking order; streams leave at their first token, so the scan
+        // stops at once unless non-streamed requests sit ahead.
+        let oldest_stream_booked_s = self.entries.iter().find(|e| e.stream).map(|e| e.booked_s);
         match self.entries.front() {
             Some(h) => HeadView {
                 uncached: h.uncached,
@@ -154,6 +171,7 @@ impl PrefillQueue {
                 since_s: self.head_since_s,
                 rate_tps,
                 expected_first_s: h.expected_first_s,
+                oldest_stream_booked_s,
             },
             None => HeadView {
                 rate_tps,
@@ -170,7 +188,7 @@ mod tests {
     #[test]
     fn no_progress_before_a_rate_is_measured() {
         let mut q = PrefillQueue::default();
-        q.push(1, 8000.0, 0.0, 0.0, 0.0);
+        q.push(1, 8000.0, 0.0, 0.0, 0.0, true);
         assert_eq!(q.view().progress(5.0), HeadProgress::default());
     }
 
@@ -178,10 +196,10 @@ mod tests {
     fn progress_follows_the_measured_rate_and_stops_at_the_head() {
         let mut q = PrefillQueue::default();
         // A 1000-token head served in 0.1 s: 10k tokens/s.
-        q.push(1, 1000.0, 0.0, 0.0, 0.0);
+        q.push(1, 1000.0, 0.0, 0.0, 0.0, true);
         q.remove(1, Leave::Served(0.1));
-        q.push(2, 20_000.0, 100.0, 1.0, 0.0);
-        q.push(3, 300.0, 0.0, 1.2, 0.0);
+        q.push(2, 20_000.0, 100.0, 1.0, 0.0, true);
+        q.push(3, 300.0, 0.0, 1.2, 0.0, true);
         let v = q.view();
         assert!((v.rate_tps - 10_000.0).abs() < 1e-6);
         let p = v.progress(1.5);
@@ -194,7 +212,7 @@ mod tests {
     fn a_forecast_first_token_sets_the_pace() {
         let mut q = PrefillQueue::default();
         // Booked at 1.0 behind nothing, first token forecast at 3.0.
-        q.push(1, 10_000.0, 0.0, 1.0, 3.0);
+        q.push(1, 10_000.0, 0.0, 1.0, 3.0, true);
         assert!((q.view().progress(1.5).tokens - 2500.0).abs() < 1e-9);
         assert_eq!(q.view().progress(9.0).tokens, 9500.0);
     }
@@ -202,23 +220,39 @@ mod tests {
     #[test]
     fn the_next_head_is_in_service_from_when_the_previous_one_left() {
         let mut q = PrefillQueue::default();
-        q.push(1, 1000.0, 0.0, 0.0, 0.0);
+        q.push(1, 1000.0, 0.0, 0.0, 0.0, true);
         q.remove(1, Leave::Served(0.1));
-        q.push(2, 4000.0, 0.0, 1.0, 0.0);
-        q.push(3, 4000.0, 0.0, 1.1, 0.0);
+        q.push(2, 4000.0, 0.0, 1.0, 0.0, true);
+        q.push(3, 4000.0, 0.0, 1.1, 0.0, true);
         q.remove(2, Leave::Served(1.4));
         assert_eq!(q.view().since_s, 1.4);
         assert_eq!(q.view().uncached, 4000.0);
         // A non-head leaving (dropped, or served out of order) changes nothing ahead.
-        q.push(4, 50.0, 0.0, 1.5, 0.0);
+        q.push(4, 50.0, 0.0, 1.5, 0.0, true);
         q.remove(4, Leave::Dropped);
         assert_eq!(q.view().since_s, 1.4);
+    }
+
+    /// The queue's age is its oldest waiting stream's: a non-streamed request ahead
+    /// (queued until it ends) does not count, and a served stream stops counting.
+    #[test]
+    fn the_oldest_waiting_stream_dates_the_queue() {
+        let mut q = PrefillQueue::default();
+        assert_eq!(q.view().oldest_stream_booked_s, None);
+        q.push(1, 100.0, 0.0, 1.0, 0.0, false);
+        q.push(2, 100.0, 0.0, 2.0, 0.0, true);
+        q.push(3, 100.0, 0.0, 3.0, 0.0, true);
+        assert_eq!(q.view().oldest_stream_booked_s, Some(2.0));
+        q.remove(2, Leave::Served(3.5));
+        assert_eq!(q.view().oldest_stream_booked_s, Some(3.0));
+        q.remove(3, Leave::Dropped);
+        assert_eq!(q.view().oldest_stream_booked_s, None);
     }
 
     #[test]
     fn a_dropped_head_is_no_rate_sample() {
         let mut q = PrefillQueue::default();
-        q.push(1, 1000.0, 0.0, 0.0, 0.0);
+        q.push(1, 1000.0, 0.0, 0.0, 0.0, true);
         q.remove(1, Leave::Dropped);
         assert_eq!(q.view().rate_tps, 0.0);
         assert_eq!(q.view().uncached, 0.0);

@@ -31,6 +31,9 @@
 //! the fleet (503) whose `Retry-After` is the queue the best candidate must drain:
 //! `max(TTFT bound − TTFT objective, 0)` in seconds, at least 1 s (a TPOT miss clears
 //! as running streams finish, whose remaining lengths the router does not know).
+//! Before any of that, a tenant that rejects is refused when every candidate has a
+//! standing queue (`shed_queue_age`, [`standing_queue`]): a measured wait, not a
+//! forecast, so it holds in a backlog, where the TTFT model is gated cold.
 //!
 //! Slack hold (`hold`, a share of the TTFT objective; 0 = off, the default): when the chosen
 //! placement fits with its TTFT bound at most `hold` × the objective and its replica
@@ -119,6 +122,18 @@ pub struct SloConfig {
     /// grew from 2 to 29 per 10 s ahead of a KV surge the pair did not drain, a collapse
     /// worse than anything the hold gained (`bench/results/real-vllm/2026-12-05` §7).
     pub hold: f64,
+    /// Standing-queue shed ([`standing_queue`]): for a tenant whose fallback is reject,
+    /// refuse at once when on every candidate the oldest stream this node placed there
+    /// has waited at least this multiple of the request's TTFT objective for its first
+    /// token, whether the model is warm or cold. 0 disables.
+    pub shed_queue_age: f64,
+    /// A tenant whose fallback is reject is refused when nothing fits only if even its
+    /// best candidate's violation probability is at least this; below it the request
+    /// goes least-bad. Nothing fitting means no candidate's *bound* is within the
+    /// objectives, which at 0.9 coverage still leaves most such requests on time: on the
+    /// real-vLLM pair at 7 req/s (`bench/results/real-vllm/2026-12-06` §3) refusing
+    /// every one turned away chat requests bound at 506-611 ms against 500 ms.
+    pub reject_above: f64,
 }
 
 impl Default for SloConfig {
@@ -137,6 +152,8 @@ impl Default for SloConfig {
             max_deferred: 1024,
             probe_idle_s: 0.5,
             hold: 0.0,
+            shed_queue_age: 0.0,
+            reject_above: 0.5,
         }
     }
 }
@@ -672,6 +689,17 @@ impl Policy for SloPolicy {
                 }
             }
         };
+        if req.fallback == Fallback::Reject
+            && let Some(no) = standing_queue(req, cands, self.cfg.shed_queue_age)
+        {
+            to_seen(&mut preds);
+            return Decision {
+                choice: Choice::Reject(no),
+                predictions: preds,
+                evals,
+                fallback: Some(STANDING_QUEUE),
+            };
+        }
         if (warm as f64) < self.cfg.min_warm_fraction * pool as f64 {
             // Home is cold: by load among the home candidates and any remote one whose
             // warm forecast meets both objectives with its round trip (else a cold
@@ -783,8 +811,15 @@ impl Policy for SloPolicy {
                     ranked.retain(|&i| i != c);
                     ranked.insert(0, c);
                 }
+                let best_chance = (0..evals.len())
+                    .filter(|&i| home(i))
+                    .map(|i| evals[i].p_violate)
+                    .fold(1.0, f64::min);
                 let choice = match req.fallback {
                     Fallback::LeastBad => Choice::Route(ranked),
+                    Fallback::Reject if best_chance < self.cfg.reject_above => {
+                        Choice::Route(ranked)
+                    }
                     Fallback::Reject => Choice::Reject(NoFit::new(
                         reason,
                         retry_after_s(&preds[b], req.slo.ttft_ms),
@@ -830,6 +865,44 @@ pub fn retry_after_s(best: &Prediction, ttft_objective_ms: f64) -> f64 {
 
 /// Label of a decision that holds a request with slack at the router.
 pub const HOLD: &str = "hold";
+
+/// Fallback label of a refusal by [`standing_queue`].
+pub const STANDING_QUEUE: &str = "standing-queue";
+
+/// A refusal when every candidate has a standing queue: its oldest stream placed by
+/// this node has waited `age_factor` × the request's TTFT objective or longer without a
+/// first token (`Load::queue_age_s`; `None` with `age_factor` 0 or any candidate short
+/// of it). Engines serve their queues first come, first served, so a request placed
+/// now waits behind every one of those; in a queue that has stood that long the wait of
+/// the next one is about the wait of the oldest (the sojourn signal of CoDel), so a
+/// tight request would miss, and taking it deepens the queue for everyone after. It
+/// reads what the router measured, not a forecast: a backlog is when the TTFT model is
+/// least right (its labels arrive a backlog late) and gated cold. `Retry-After` is the
+/// youngest such queue's excess over the objective (at least 1 s, [`NoFit::new`]).
+pub fn standing_queue(
+    req: &RequestProfile,
+    cands: &[Candidate<'_>],
+    age_factor: f64,
+) -> Option<NoFit> {
+    if age_factor <= 0.0 || cands.is_empty() {
+        return None;
+    }
+    let objective_s = req.slo.ttft_ms / 1e3;
+    let youngest = cands
+        .iter()
+        .map(|c| c.load().queue_age_s)
+        .fold(f64::INFINITY, f64::min);
+    (youngest >= age_factor * objective_s).then(|| {
+        NoFit::new(
+            format!(
+                "every replica has a standing queue: the youngest's oldest stream has waited {:.0} ms for its first token, against a TTFT objective of {:.0} ms",
+                youngest * 1e3,
+                req.slo.ttft_ms
+            ),
+            youngest - objective_s,
+        )
+    })
+}
 
 /// Whether a replica has streamed requests queued for prefill (dispatched, no token
 /// yet). Streams only: a non-streamed request shows no first token, so it would count
@@ -1249,9 +1322,156 @@ mod tests {
         assert_eq!(decide(false), vec![0, 1], "token load alone: the full one");
     }
 
+    /// A tenant that refuses rather than serves late is refused once every replica's
+    /// oldest waiting stream has waited the shed's multiple of its TTFT objective, cold
+    /// model or not; a tenant that takes least-bad is routed, a looser objective is
+    /// admitted, and one replica without a standing queue is enough to admit.
+    #[test]
+    fn standing_queues_refuse_what_would_wait_behind_them() {
+        use crate::{ledger::Load, policy::peers::testkit};
+        use headroom_predictor::Snapshot;
+        let rs = testkit::replicas(2);
+        let aged = |s: f64| Load {
+            requests: 6.0,
+            queued_requests: 3.0,
+            queued_streams: 3.0,
+            queue_age_s: s,
+            ..Load::default()
+        };
+        let p = SloPolicy::new(
+            Arc::new(SharedPredictor::new(Snapshot::empty())),
+            SloConfig {
+                shed_queue_age: 1.0,
+                ..SloConfig::default()
+            },
+        );
+        let decide = |ages: [f64; 2], ttft_ms: f64, fallback: Fallback| {
+            let cands: Vec<Candidate<'_>> = rs
+                .iter()
+                .zip(ages)
+                .map(|(r, a)| testkit::cand(r, 0, aged(a)))
+                .collect();
+            let mut req = testkit::req(400);
+            req.slo.ttft_ms = ttft_ms;
+            req.fallback = fallback;
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+            let mut ctx = DecideCtx {
+                now_s: 0.0,
+                rng: &mut rng,
+                top: usize::MAX,
+            };
+            p.decide(&req, &cands, &mut ctx)
+        };
+        let d = decide([0.9, 0.7], 500.0, Fallback::Reject);
+        assert_eq!(d.fallback, Some(STANDING_QUEUE));
+        match d.choice {
+            Choice::Reject(no) => assert!(no.reason.contains("700 ms"), "{}", no.reason),
+            other => panic!("{other:?}"),
+        }
+        for (ages, ttft, fb) in [
+            ([0.9, 0.4], 500.0, Fallback::Reject),
+            ([0.9, 0.7], 5000.0, Fallback::Reject),
+            ([0.9, 0.7], 500.0, Fallback::LeastBad),
+        ] {
+            let d = decide(ages, ttft, fb);
+            assert!(
+                matches!(d.choice, Choice::Route(_)),
+                "{ages:?} {ttft} {fb:?}"
+            );
+            assert_eq!(d.fallback, Some("cold-model"));
+        }
+        let off = SloPolicy::new(
+            Arc::new(SharedPredictor::new(Snapshot::empty())),
+            SloConfig::default(),
+        );
+        let cands: Vec<Candidate<'_>> = rs.iter().map(|r| testkit::cand(r, 0, aged(9.0))).collect();
+        let mut req = testkit::req(400);
+        req.fallback = Fallback::Reject;
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut ctx = DecideCtx {
+            now_s: 0.0,
+            rng: &mut rng,
+            top: usize::MAX,
+        };
+        assert!(
+            matches!(off.decide(&req, &cands, &mut ctx).choice, Choice::Route(_)),
+            "off by default"
+        );
+    }
+
+    /// A tenant that rejects is refused only when even the best placement would
+    /// likely miss: an objective between the forecast and its bound (no candidate
+    /// fits, most would still be on time) goes least-bad; one under the forecast is
+    /// refused; `reject_above` = 0 refuses whatever does not fit.
+    #[test]
+    fn reject_refuses_what_would_likely_miss_not_what_misses_its_bound() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        let queued = Load {
+            requests: 2.0,
+            queued_requests: 1.0,
+            queued_streams: 1.0,
+            queued_prefill_tokens: 10_000.0,
+            ..Load::default()
+        };
+        let predictor = warm_with_noise(&rs, 0.3);
+        let decide = |reject_above: f64, ttft_ms: f64| {
+            let cands = [
+                testkit::cand(&rs[0], 0, queued),
+                testkit::cand(&rs[1], 0, queued),
+            ];
+            let p = SloPolicy::new(
+                predictor.clone(),
+                SloConfig {
+                    reject_above,
+                    explore: 0.0,
+                    ..SloConfig::default()
+                },
+            );
+            let req = RequestProfile {
+                prompt_tokens: 1000,
+                slo: super::super::Slo {
+                    ttft_ms,
+                    tpot_ms: 200.0,
+                },
+                fallback: Fallback::Reject,
+                ..testkit::req(1000)
+            };
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+            let mut ctx = DecideCtx {
+                now_s: 80.0,
+                rng: &mut rng,
+                top: usize::MAX,
+            };
+            p.decide(&req, &cands, &mut ctx)
+        };
+        let probe = decide(0.5, 60_000.0);
+        assert_eq!(probe.fallback, None, "{probe:?}");
+        let point = probe.predictions[0].ttft_ms;
+        let bound = probe.predictions[0].ttft_upper_ms;
+        assert!(
+            bound > point * 1.05,
+            "a bound above the point: {point} {bound}"
+        );
+        let between = (point + bound) / 2.0;
+        let d = decide(0.5, between);
+        assert_eq!(d.fallback, Some("no-fit"));
+        assert!(
+            matches!(d.choice, Choice::Route(_)),
+            "likely on time: {d:?}"
+        );
+        assert!(matches!(decide(0.0, between).choice, Choice::Reject(_)));
+        assert!(matches!(decide(0.5, point * 0.5).choice, Choice::Reject(_)));
+    }
+
     /// A predictor whose TTFT and TPOT models are warm for `rs`: TTFT 30 ms plus 0.03 ms
     /// per queued prefill token, TPOT 12 ms.
     fn warm(rs: &[crate::view::PlainReplica]) -> Arc<SharedPredictor> {
+        warm_with_noise(rs, 0.0)
+    }
+
+    /// As [`warm`], each TTFT label off by up to ±`noise` (a share, alternating).
+    fn warm_with_noise(rs: &[crate::view::PlainReplica], noise: f64) -> Arc<SharedPredictor> {
         use headroom_predictor::{Learner, Observation, PredictorConfig, Sample};
         let mut l = Learner::new(PredictorConfig::default());
         for round in 0..80 {
@@ -1266,7 +1486,9 @@ mod tests {
                         ..Default::default()
                     },
                     at_s: round as f64,
-                    ttft_ms: Some(30.0 + q * 0.03),
+                    ttft_ms: Some(
+                        (30.0 + q * 0.03) * (1.0 + noise * ((round % 5) as f64 / 2.0 - 1.0)),
+                    ),
                     tpot_ms: Some(12.0),
                     output_tokens: 100,
                     censored: false,

@@ -312,6 +312,8 @@ fn policies(cfg: &RouterConfig, p: &mut Problems) {
     p.range("slo.defer_budget", s.defer_budget, 0.0, 1.0);
     p.at_least("slo.probe_idle_s", s.probe_idle_s, 0.0);
     p.range("slo.hold", s.hold, 0.0, 1.0);
+    p.range("slo.shed_queue_age", s.shed_queue_age, 0.0, 100.0);
+    p.range("slo.reject_above", s.reject_above, 0.0, 1.0);
     if s.probe_idle_s > MAX_MS as f64 / 1e3 {
         p.push("slo.probe_idle_s", "must be at most one day");
     }
@@ -499,10 +501,12 @@ mod tests {
         let e = problems(|c| {
             c.slo.defer_budget = -1.0;
             c.slo.explore = 5.0;
+            c.slo.shed_queue_age = f64::NAN;
             c.proxy.first_byte_timeout_ms = 0;
         });
         assert!(e.contains("`slo.defer_budget` = -1"), "{e}");
         assert!(e.contains("`slo.explore` = 5"), "{e}");
+        assert!(e.contains("slo.shed_queue_age"), "{e}");
         assert!(e.contains("`proxy.first_byte_timeout_ms` = 0"), "{e}");
         let e = problems(|c| {
             c.pd.link_gbytes_per_s = 0.0;

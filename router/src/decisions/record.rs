@@ -60,6 +60,8 @@ pub struct LoadNote {
     pub queued_prefill_tokens: f64,
     pub decoding_requests: f64,
     pub decode_context_tokens: f64,
+    /// How long this node's oldest waiting stream there had waited (s).
+    pub queue_age_s: f64,
 }
 
 impl From<&headroom_core::ledger::Load> for LoadNote {
@@ -70,6 +72,7 @@ impl From<&headroom_core::ledger::Load> for LoadNote {
             queued_prefill_tokens: l.queued_prefill_tokens,
             decoding_requests: l.decoding_requests,
             decode_context_tokens: l.decode_context_tokens,
+            queue_age_s: l.queue_age_s,
         }
     }
 }

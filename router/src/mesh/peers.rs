@@ -63,6 +63,8 @@ fn from_wire(w: &ReplicaLoad) -> Load {
         min_tpot_slo_ms: (w.min_tpot_slo_ms > 0.0).then_some(w.min_tpot_slo_ms as f64),
         // A peer's step phase is stale by the time it arrives: never gossiped.
         step_residual_s: 0.0,
+        // Nor a peer's queue age: its clock and its streams are its own.
+        queue_age_s: 0.0,
     }
 }
 
