@@ -54,6 +54,8 @@ pub fn verdict(plan: &PdPlan, profile: &RequestProfile, slo: &SloConfig) -> Verd
     }
     match profile.fallback {
         Fallback::LeastBad => Verdict::Go,
+        // As `slo`: refused only when the plan would likely miss, not for its bound.
+        Fallback::Reject if plan.eval.p_violate < slo.reject_above => Verdict::Go,
         Fallback::Reject => Verdict::Reject(no_fit(plan, profile)),
         Fallback::Defer => Verdict::Defer(slo.defer_poll_ms as f64 / 1e3),
     }

@@ -78,7 +78,10 @@ pub fn choose(
     if let Some(kind) = plan.fallback {
         path.metrics.fallbacks.with_label_values(&[kind]).inc();
     }
-    if plan.eval.tier > 0 && profile.fallback == Fallback::Reject {
+    if plan.eval.tier > 0
+        && profile.fallback == Fallback::Reject
+        && plan.eval.p_violate >= path.cfg.slo.reject_above
+    {
         path.metrics.rejected.with_label_values(&["no_fit"]).inc();
         let no = pd::no_fit(&plan, profile);
         return Err(ApiError::no_fit(&no));
