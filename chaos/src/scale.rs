@@ -201,10 +201,10 @@ async fn side(o: &ScaleOptions, routers: usize) -> Result<Side, ChaosError> {
         .collect();
     for r in records.iter().filter(|r| r.class == EndClass::Ok) {
         let Some(n) = &r.replica else { continue };
-        if let (Some(node), Some(v)) = (r.node, served_by_node.get_mut(n)) {
-            if let Some(c) = v.get_mut(node) {
-                *c += 1;
-            }
+        if let (Some(node), Some(v)) = (r.node, served_by_node.get_mut(n))
+            && let Some(c) = v.get_mut(node)
+        {
+            *c += 1;
         }
         if let Some(v) = served_by_window.get_mut(n) {
             let w = ((r.sent_s / WINDOW_S).max(0.0) as usize).min(windows - 1);

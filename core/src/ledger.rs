@@ -470,11 +470,11 @@ mod tests {
         let l = Ledger::new();
         assert_eq!(l.load(5.0).queue_age_s, 0.0);
         let mut a = l.book(spec(100, 0, 10), 0.0);
-        let _b = l.book(spec(100, 0, 10), 1.0);
+        let b = l.book(spec(100, 0, 10), 1.0);
         assert_eq!(l.load(2.5).queue_age_s, 2.5);
         a.first_token(3.0);
         assert_eq!(l.load(3.5).queue_age_s, 2.5);
-        drop(_b);
+        drop(b);
         assert_eq!(l.load(4.0).queue_age_s, 0.0);
     }
 
