@@ -111,8 +111,9 @@ pub struct SloConfig {
     pub max_deferred: usize,
     /// A replica nobody has placed work on for this long (s) and that is idle gets the
     /// next request it is predicted to serve within both objectives, whatever its
-    /// cost: its model learns only from placements, so without such probes a replica
-    /// once slow would never be seen to recover. 0 disables.
+    /// cost, unless another replica holds most of that request's prefix: its model
+    /// learns only from placements, so without such probes a replica once slow would
+    /// never be seen to recover. 0 disables.
     pub probe_idle_s: f64,
     /// Slack hold ([`holds`]): a request whose chosen placement fits with its TTFT
     /// bound at most this share of its objective waits at the router while every
@@ -610,22 +611,33 @@ impl SloPolicy {
     }
 
     /// An idle, long-unused candidate predicted to meet both objectives (see
-    /// `probe_idle_s`); the longest unused first.
+    /// `probe_idle_s`); the longest unused first. Not one that would repeat more than
+    /// [`COLD_TRY_MAX_WASTE`] of the prompt's prefill that the best-cached replica holds:
+    /// a probe is for learning, and a request whose prefix lives elsewhere is the worst
+    /// one to learn with (the real-vLLM suite's repeats of a 2,000-token prompt went to
+    /// the idle slow server, forecast 63 ms there against 22 ms at home).
     fn probe(
         &self,
+        req: &RequestProfile,
         cands: &[Candidate<'_>],
         evals: &[Eval],
         allowed: &dyn Fn(usize) -> bool,
         now_s: f64,
+        best_cached: u32,
     ) -> Option<usize> {
         if self.cfg.probe_idle_s <= 0.0 {
             return None;
         }
+        let prompt = req.prompt_tokens.max(1) as f64;
         (0..cands.len())
             // `load().requests` without summing the rest of the load.
             .filter(|&i| {
                 let c = &cands[i];
-                evals[i].tier == 0 && allowed(i) && c.own.requests + c.peers.requests == 0.0
+                let wasted = best_cached.saturating_sub(c.cached_tokens) as f64 / prompt;
+                evals[i].tier == 0
+                    && allowed(i)
+                    && c.own.requests + c.peers.requests == 0.0
+                    && wasted <= COLD_TRY_MAX_WASTE
             })
             .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
@@ -748,7 +760,7 @@ impl Policy for SloPolicy {
         // Local first: out of region only when no local candidate meets both objectives
         // and a remote one, its round trip included, does; least-bad stays local.
         let away = |i: usize| !local(i);
-        let probe = self.probe(cands, &evals, &home, ctx.now_s);
+        let probe = self.probe(req, cands, &evals, &home, ctx.now_s, best_cached);
         let mut fit = probe
             .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
             .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
@@ -1421,35 +1433,21 @@ mod tests {
             ..Load::default()
         };
         let predictor = warm_with_noise(&rs, 0.3);
+        let cands = [
+            testkit::cand(&rs[0], 0, queued),
+            testkit::cand(&rs[1], 0, queued),
+        ];
         let decide = |reject_above: f64, ttft_ms: f64| {
-            let cands = [
-                testkit::cand(&rs[0], 0, queued),
-                testkit::cand(&rs[1], 0, queued),
-            ];
-            let p = SloPolicy::new(
-                predictor.clone(),
-                SloConfig {
-                    reject_above,
-                    explore: 0.0,
-                    ..SloConfig::default()
-                },
-            );
-            let req = RequestProfile {
-                prompt_tokens: 1000,
-                slo: super::super::Slo {
-                    ttft_ms,
-                    tpot_ms: 200.0,
-                },
-                fallback: Fallback::Reject,
-                ..testkit::req(1000)
+            let cfg = SloConfig {
+                reject_above,
+                ..SloConfig::default()
             };
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
-            let mut ctx = DecideCtx {
-                now_s: 80.0,
-                rng: &mut rng,
-                top: usize::MAX,
-            };
-            p.decide(&req, &cands, &mut ctx)
+            decide_warm(
+                &predictor,
+                cfg,
+                &req_1000(ttft_ms, Fallback::Reject),
+                &cands,
+            )
         };
         let probe = decide(0.5, 60_000.0);
         assert_eq!(probe.fallback, None, "{probe:?}");
@@ -1468,6 +1466,43 @@ mod tests {
         );
         assert!(matches!(decide(0.0, between).choice, Choice::Reject(_)));
         assert!(matches!(decide(0.5, point * 0.5).choice, Choice::Reject(_)));
+    }
+
+    /// A 1,000-token request with objectives TTFT `ttft_ms` and TPOT 200 ms.
+    fn req_1000(ttft_ms: f64, fallback: Fallback) -> RequestProfile {
+        RequestProfile {
+            prompt_tokens: 1000,
+            slo: super::super::Slo {
+                ttft_ms,
+                tpot_ms: 200.0,
+            },
+            fallback,
+            ..crate::policy::peers::testkit::req(1000)
+        }
+    }
+
+    /// `cfg`'s decision for `req` over `cands` at 80 s, just after [`warm`]'s labels,
+    /// without exploration.
+    fn decide_warm(
+        predictor: &Arc<SharedPredictor>,
+        cfg: SloConfig,
+        req: &RequestProfile,
+        cands: &[Candidate<'_>],
+    ) -> Decision {
+        let p = SloPolicy::new(
+            predictor.clone(),
+            SloConfig {
+                explore: 0.0,
+                ..cfg
+            },
+        );
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let mut ctx = DecideCtx {
+            now_s: 80.0,
+            rng: &mut rng,
+            top: usize::MAX,
+        };
+        p.decide(req, cands, &mut ctx)
     }
 
     /// A predictor whose TTFT and TPOT models are warm for `rs`: TTFT 30 ms plus 0.03 ms
@@ -1520,34 +1555,22 @@ mod tests {
             queued_prefill_tokens: 1000.0,
             ..Load::default()
         };
+        let predictor = warm(&rs);
         let decide = |hold: f64, ttft_ms: f64, loads: [Load; 2]| {
             let cands = [
                 testkit::cand(&rs[0], 0, loads[0]),
                 testkit::cand(&rs[1], 0, loads[1]),
             ];
-            let p = SloPolicy::new(
-                warm(&rs),
-                SloConfig {
-                    hold,
-                    explore: 0.0,
-                    ..SloConfig::default()
-                },
-            );
-            let req = RequestProfile {
-                prompt_tokens: 1000,
-                slo: super::super::Slo {
-                    ttft_ms,
-                    tpot_ms: 200.0,
-                },
-                ..testkit::req(1000)
+            let cfg = SloConfig {
+                hold,
+                ..SloConfig::default()
             };
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
-            let mut ctx = DecideCtx {
-                now_s: 80.0,
-                rng: &mut rng,
-                top: usize::MAX,
-            };
-            p.decide(&req, &cands, &mut ctx)
+            decide_warm(
+                &predictor,
+                cfg,
+                &req_1000(ttft_ms, Fallback::LeastBad),
+                &cands,
+            )
         };
         let d = decide(0.5, 5_000.0, [queued, queued]);
         assert_eq!(d.fallback, Some(HOLD), "{d:?}");
@@ -1567,6 +1590,46 @@ mod tests {
         // Off: placed at once.
         let d = decide(0.0, 5_000.0, [queued, queued]);
         assert!(matches!(d.choice, Choice::Route(_)), "{d:?}");
+    }
+
+    /// A replica nobody has used lately is probed with a request it would serve within
+    /// the objectives, though it costs more than the prefix's home, but not with one
+    /// that would repeat most of a prefix held elsewhere (the real-vLLM suite's repeats
+    /// of a 2,000-token prompt went to the idle slow server that way).
+    #[test]
+    fn an_idle_replica_is_probed_only_with_what_it_would_not_prefill_again() {
+        use crate::{ledger::BookingSpec, policy::peers::testkit};
+        let rs = testkit::replicas(2);
+        // Replica 0 was used a moment ago, replica 1 never.
+        let spec = BookingSpec {
+            prompt_tokens: 1000,
+            cached_tokens: 0,
+            expected_output_tokens: 100,
+            tpot_slo_ms: None,
+            expected_ttft_s: None,
+            stream: true,
+        };
+        drop(rs[0].ledger.book(spec, 79.9));
+        let predictor = warm(&rs);
+        let req = req_1000(5_000.0, Fallback::LeastBad);
+        let first = |cached: u32, probe_idle_s: f64| {
+            let cands = [
+                testkit::cand(&rs[0], cached, Load::default()),
+                testkit::cand(&rs[1], 0, Load::default()),
+            ];
+            let cfg = SloConfig {
+                probe_idle_s,
+                ..SloConfig::default()
+            };
+            match decide_warm(&predictor, cfg, &req, &cands).choice {
+                Choice::Route(o) => o[0],
+                other => panic!("{other:?}"),
+            }
+        };
+        // A fifth of the prompt cached on replica 0: it is the cheaper placement.
+        assert_eq!(first(200, 0.0), 0, "no probes: the cheaper");
+        assert_eq!(first(200, 0.5), 1, "the idle replica is probed");
+        assert_eq!(first(960, 0.5), 0, "not with a prefix held elsewhere");
     }
 
     /// Nothing fits: the least bad is among those with KV room, whatever their tier
