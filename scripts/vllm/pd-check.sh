@@ -34,7 +34,8 @@ export HEADROOM_VLLM_EXTRA_ARGS="--kv-transfer-config $KV_CFG"
 log "prepare (cached after the first run)"
 MODEL_DIR="$("$HERE/prepare.sh" | tail -n 1)"
 log "building the router while the servers start"
-(cd "$ROOT" && cargo build -q -p headroom --bin headroom) &
+# As `cargo test --workspace` builds it (a no-op after it; `-p` resolves features apart).
+(cd "$ROOT" && cargo test -q --workspace --no-run) &
 build=$!
 t0=$(date +%s)
 RUN="$(HEADROOM_VLLM_MODELS="$MODEL_DIR" "$HERE/start.sh" 2 | tail -n 1)"

@@ -92,7 +92,9 @@ case "$PROFILE" in
     *) log "ERROR: HEADROOM_REAL_VLLM_PROFILE must be debug or release, not '$PROFILE'"; exit 1 ;;
 esac
 log "building the test binary ($PROFILE)"
-(cd "$ROOT" && cargo test "${PROFILE_ARGS[@]}" -p headroom --test real_vllm --no-run)
+# --workspace, not -p headroom: the features `cargo test --workspace` resolved, so right
+# after it this is a no-op (-p resolves them apart and rebuilt the router).
+(cd "$ROOT" && cargo test "${PROFILE_ARGS[@]}" --workspace --test real_vllm --no-run)
 
 log "waiting for the servers"
 if ! wait "$start_pid"; then
@@ -130,7 +132,7 @@ fi
 
 log "running router/tests/real_vllm.rs"
 set +e
-(cd "$ROOT" && cargo test "${PROFILE_ARGS[@]}" -p headroom --test real_vllm -- --test-threads=1 --nocapture "$@")
+(cd "$ROOT" && cargo test "${PROFILE_ARGS[@]}" --workspace --test real_vllm -- --test-threads=1 --nocapture "$@")
 status=$?
 set -e
 log "tests finished with status $status"

@@ -46,7 +46,10 @@ pub fn replica_bin() -> PathBuf {
 }
 
 /// Builds `headroom` and `headroom-replica` once per test process, into this test's
-/// target dir and profile.
+/// target dir and profile, as `cargo test --workspace` builds them: a no-op within
+/// that run. Not `cargo build -p …`: it resolves the dependencies' features without
+/// the workspace's dev-dependencies, so it rebuilt the router (70-100 s on CI's
+/// machine) and left binaries the next workspace build rebuilt again.
 fn built_binaries() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -55,25 +58,15 @@ fn built_binaries() -> &'static (PathBuf, PathBuf) {
         let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "headroom",
-            "-p",
-            "headroom-replica",
-            "--bin",
-            "headroom",
-            "--bin",
-            "headroom-replica",
-            "--target-dir",
-        ])
-        .arg(&target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.args(["test", "-q", "--workspace", "--no-run", "--target-dir"])
+            .arg(&target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
         if profile == "release" {
             cmd.arg("--release");
         }
-        let status = cmd.status().expect("run cargo build for the binaries");
+        let status = cmd
+            .status()
+            .expect("run cargo test --no-run for the binaries");
         assert!(
             status.success(),
             "building the headroom and headroom-replica binaries failed"
