@@ -48,8 +48,10 @@ pub fn replica_bin() -> PathBuf {
 /// Builds `headroom` and `headroom-replica` once per test process, into this test's
 /// target dir and profile, as `cargo test --workspace` builds them: a no-op within
 /// that run. Not `cargo build -p …`: it resolves the dependencies' features without
-/// the workspace's dev-dependencies, so it rebuilt the router (70-100 s on CI's
-/// machine) and left binaries the next workspace build rebuilt again.
+/// the workspace's dev-dependencies, so it rebuilt the router. And without the
+/// variables cargo sets for a running test ([`is_test_env`]): a build script that
+/// watches one (ring's, `CARGO_MANIFEST_DIR`) saw it change, so this build rebuilt
+/// ring and all above it (≈ 7 min of CI's 45), and the next build from a shell again.
 fn built_binaries() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -64,6 +66,11 @@ fn built_binaries() -> &'static (PathBuf, PathBuf) {
         if profile == "release" {
             cmd.arg("--release");
         }
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(is_test_env) {
+                cmd.env_remove(name);
+            }
+        }
         let status = cmd
             .status()
             .expect("run cargo test --no-run for the binaries");
@@ -77,6 +84,23 @@ fn built_binaries() -> &'static (PathBuf, PathBuf) {
         }
         bins
     })
+}
+
+/// Whether `name` is one of the variables cargo sets for the test it runs (not for
+/// cargo itself: `CARGO`, `CARGO_HOME`, `CARGO_TARGET_DIR`, … stay).
+fn is_test_env(name: &str) -> bool {
+    matches!(
+        name,
+        "CARGO_MANIFEST_DIR"
+            | "CARGO_MANIFEST_PATH"
+            | "CARGO_CRATE_NAME"
+            | "CARGO_BIN_NAME"
+            | "CARGO_PRIMARY_PACKAGE"
+            | "CARGO_TARGET_TMPDIR"
+            | "CARGO_RUSTC_CURRENT_DIR"
+            | "OUT_DIR"
+    ) || name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_EXE_")
 }
 
 pub fn start_replica(profile: &str, extra: &[&str]) -> (Guard, SocketAddr) {
