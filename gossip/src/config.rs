@@ -81,8 +81,18 @@ pub struct MeshConfig {
     pub event_buffer: usize,
     /// Queue length of messages waiting for one peer.
     pub send_queue: usize,
-    /// Dial / stream write timeout (a quarter of it is the back-off after a failed dial).
+    /// Stream write and inbound handshake timeout.
     pub connect_timeout: Duration,
+    /// Timeout of one outgoing dial; a quarter of it is the back-off after a failed dial.
+    /// Short, because a dial started while a peer is unreachable retransmits its
+    /// handshake with doubling gaps: a long one could sleep for seconds after the peer
+    /// is back. At most `connect_timeout`.
+    pub dial_timeout: Duration,
+    /// A connection on which we sent and heard nothing back (not even an ACK) for this
+    /// long is dropped and redialled. QUIC's own loss timer doubles on every silent
+    /// probe, so after a partition of T seconds an old connection may sleep for about
+    /// T more before it notices the path is back; a fresh dial does not wait.
+    pub silent_after: Duration,
     /// RTT assumed during the QUIC handshake (quinn's default is 333 ms; a lost handshake
     /// packet is resent after about 3× this).
     pub handshake_rtt: Duration,
@@ -139,6 +149,8 @@ impl MeshConfig {
             event_buffer: 4096,
             send_queue: 16,
             connect_timeout: Duration::from_secs(5),
+            dial_timeout: Duration::from_millis(1500),
+            silent_after: Duration::from_secs(1),
             handshake_rtt: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
@@ -188,11 +200,19 @@ impl MeshConfig {
             ("cross_region.value_ttl", self.cross_region.value_ttl),
             ("dns_refresh_interval", self.dns_refresh_interval),
             ("connect_timeout", self.connect_timeout),
+            ("dial_timeout", self.dial_timeout),
+            ("silent_after", self.silent_after),
             ("handshake_rtt", self.handshake_rtt),
         ] {
             if d.is_zero() {
                 return bad(format!("{what} must be positive"));
             }
+        }
+        if self.dial_timeout > self.connect_timeout {
+            return bad("dial_timeout must not exceed connect_timeout".into());
+        }
+        if self.silent_after < self.handshake_rtt * 2 {
+            return bad("silent_after must be at least twice handshake_rtt".into());
         }
         if self.value_ttl < self.gossip_interval * 10 {
             return bad("value_ttl must be at least 10 gossip intervals".into());
@@ -233,5 +253,44 @@ impl std::fmt::Debug for MeshConfig {
             .field("max_value_bytes", &self.max_value_bytes)
             .field("cross_region", &self.cross_region)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn config() -> MeshConfig {
+        let ck = rcgen::generate_simple_self_signed(vec!["a".to_string()]).unwrap();
+        let pem = ck.cert.pem();
+        let key = ck.signing_key.serialize_pem();
+        let tls =
+            TlsIdentity::from_pem(pem.as_bytes(), pem.as_bytes(), key.as_bytes(), "a").unwrap();
+        MeshConfig::new("a", "r1", "127.0.0.1:0".parse().unwrap(), tls)
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        config().validate().unwrap();
+    }
+
+    #[test]
+    fn a_dial_longer_than_the_connect_timeout_is_refused() {
+        let mut c = config();
+        c.dial_timeout = c.connect_timeout + Duration::from_millis(1);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("dial_timeout"), "{e}");
+    }
+
+    #[test]
+    fn silence_shorter_than_a_round_trip_is_refused() {
+        let mut c = config();
+        c.silent_after = c.handshake_rtt;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("silent_after"), "{e}");
+        c.silent_after = Duration::ZERO;
+        assert!(c.validate().is_err());
     }
 }

@@ -130,7 +130,9 @@ impl Mesh {
             tracker.clone(),
             TransportSettings {
                 connect_timeout: cfg.connect_timeout,
-                retry_after: cfg.connect_timeout / 4,
+                dial_timeout: cfg.dial_timeout,
+                retry_after: cfg.dial_timeout / 4,
+                silent_after: cfg.silent_after,
                 stale_after: cfg.gossip_interval * 5,
                 send_queue: cfg.send_queue,
                 inbound_queue: 1024,

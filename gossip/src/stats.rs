@@ -22,6 +22,7 @@ pub(crate) struct Counters {
     pub dropped_messages: AtomicU64,
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
+    pub silent_connections: AtomicU64,
     pub fault_dropped: AtomicU64,
     pub udp_bytes_sent_closed: AtomicU64,
     pub udp_bytes_received_closed: AtomicU64,
@@ -77,6 +78,9 @@ pub struct MeshStats {
     pub connects: u64,
     /// Outgoing connection attempts that failed.
     pub connect_failures: u64,
+    /// Connections dropped and redialled because the peer answered nothing for
+    /// `silent_after` after we sent (a black-holed path, e.g. a network partition).
+    pub silent_connections: u64,
     /// Messages dropped by a [`crate::FaultInjector`] partition.
     pub fault_dropped: u64,
 }
@@ -108,6 +112,7 @@ impl Counters {
             dropped_messages: g(&self.dropped_messages),
             connects: g(&self.connects),
             connect_failures: g(&self.connect_failures),
+            silent_connections: g(&self.silent_connections),
             fault_dropped: g(&self.fault_dropped),
         }
     }

@@ -39,6 +39,7 @@ async fn peers_outside_the_cluster_ca_are_rejected_and_counted() {
         MeshConfig::new("x", "r1", loopback(), self_signed("x")).with_gossip_interval(INTERVAL);
     cx.seeds = vec![a.to_string()];
     cx.connect_timeout = Duration::from_millis(500);
+    cx.dial_timeout = cx.connect_timeout;
     let x = Mesh::start(cx).await.unwrap();
     let y = Mesh::start(config(other_ca.path(), "y", "r1", &[a], None))
         .await

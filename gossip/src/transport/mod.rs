@@ -6,6 +6,10 @@
 //!   to a per-peer bounded queue (`try_send`; full ⇒ dropped and counted).
 //! - One connection per peer address is cached (inbound or outbound, whichever exists) and
 //!   re-established lazily by that peer's link task; failed dials back off.
+//! - A cached connection that has heard nothing back (no UDP datagram at all, so not even
+//!   an ACK) for `silent_after` since a send went out is closed and redialled: after a
+//!   partition heals, QUIC's doubled loss timer would keep an old connection asleep for
+//!   about as long as the partition lasted.
 //! - A peer is served only after mTLS succeeded; its identity is its certificate's node id.
 //!   A gossip frame's claimed sender address must stay fixed per connection, must not
 //!   belong to another live member, and (Syn/SynAck) must appear in the sender's own
@@ -54,9 +58,14 @@ struct Queued(Outgoing, Instant);
 pub(crate) type KnownPeers = ArcSwap<HashMap<SocketAddr, Arc<str>>>;
 
 pub(crate) struct TransportSettings {
+    /// Stream write and inbound handshake timeout.
     pub connect_timeout: Duration,
+    /// One outgoing dial's timeout.
+    pub dial_timeout: Duration,
     /// Back-off after a failed dial.
     pub retry_after: Duration,
+    /// Sent and heard nothing back for this long: the connection is replaced.
+    pub silent_after: Duration,
     /// Messages queued longer than this are dropped: the next gossip round carries
     /// fresher state than a late one would.
     pub stale_after: Duration,
@@ -82,6 +91,8 @@ pub(crate) struct Transport {
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
     live_conns: Mutex<HashMap<usize, quinn::Connection>>,
     backoff: Mutex<HashMap<SocketAddr, Instant>>,
+    /// Per open connection (by stable id): what it last heard, for [`Self::gone_silent`].
+    hearing: Mutex<HashMap<usize, Hearing>>,
     /// Woken whenever an inbound connection becomes a peer's reply path, so a dial in
     /// progress to that peer can use it instead of waiting out its timeout.
     inbound_bound: tokio::sync::Notify,
@@ -93,6 +104,14 @@ struct PeerCtx {
     /// The advertise address this connection speaks for, fixed by its first frame (or
     /// by the dial).
     bound_addr: Mutex<Option<SocketAddr>>,
+}
+
+/// What one connection last heard from its peer.
+struct Hearing {
+    /// UDP datagrams received on it so far (quinn's count: data, ACKs, pings).
+    rx: u64,
+    /// The first send since `rx` last grew, if any.
+    unanswered_since: Option<Instant>,
 }
 
 /// Streams read concurrently per connection.
@@ -130,6 +149,7 @@ impl Transport {
             conns: Mutex::new(HashMap::new()),
             live_conns: Mutex::new(HashMap::new()),
             backoff: Mutex::new(HashMap::new()),
+            hearing: Mutex::new(HashMap::new()),
             inbound_bound: tokio::sync::Notify::new(),
         });
         (t, [rx0, rx1])
@@ -255,7 +275,13 @@ impl Transport {
     /// TLS server name when known). `None` while backing off after a failed dial.
     async fn connection(self: &Arc<Self>, to: SocketAddr) -> Option<quinn::Connection> {
         if let Some(c) = self.cached(to) {
-            return Some(c);
+            if !self.gone_silent(&c) {
+                return Some(c);
+            }
+            debug!(peer = %to, "connection silent: redialling");
+            Counters::add(&self.counters.silent_connections, 1);
+            c.close(3u32.into(), b"silent");
+            self.forget(to, &c);
         }
         if self
             .backoff
@@ -291,7 +317,7 @@ impl Transport {
             }
         };
         let res = tokio::select! {
-            r = tokio::time::timeout(self.settings.connect_timeout, attempt) => r,
+            r = tokio::time::timeout(self.settings.dial_timeout, attempt) => r,
             c = inbound => return Some(c),
         };
         let conn = match res {
@@ -321,6 +347,30 @@ impl Transport {
             },
         );
         Some(conn)
+    }
+
+    /// Called before each send on `c`: whether `c` has heard nothing back for
+    /// `silent_after` since a send went out. Every send elicits an ACK within the peer's
+    /// ACK delay (25 ms) plus an RTT, so silence that long means a black-holed path, not
+    /// an idle peer; a connection with nothing sent is never judged.
+    fn gone_silent(&self, c: &quinn::Connection) -> bool {
+        let rx = c.stats().udp_rx.datagrams;
+        let now = Instant::now();
+        let mut hearing = self.hearing.lock();
+        // Checked under the lock `serve` takes to drop the entry of a closed connection.
+        if c.close_reason().is_some() {
+            return false;
+        }
+        let h = hearing.entry(c.stable_id()).or_insert(Hearing {
+            rx,
+            unanswered_since: None,
+        });
+        if h.rx != rx {
+            h.rx = rx;
+            h.unanswered_since = None;
+        }
+        let since = *h.unanswered_since.get_or_insert(now);
+        now.duration_since(since) > self.settings.silent_after
     }
 
     /// The open cached connection to `to`, if any.
@@ -417,6 +467,7 @@ impl Transport {
             Counters::add(&t.counters.udp_bytes_sent_closed, s.udp_tx.bytes);
             Counters::add(&t.counters.udp_bytes_received_closed, s.udp_rx.bytes);
             t.live_conns.lock().remove(&conn.stable_id());
+            t.hearing.lock().remove(&conn.stable_id());
             if let Some(a) = *ctx.bound_addr.lock() {
                 t.forget(a, &conn);
             }

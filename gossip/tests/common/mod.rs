@@ -43,6 +43,7 @@ pub fn config(
         headroom_gossip::FailureDetection::for_interval(Duration::from_millis(200));
     cfg.fault = fault.cloned();
     cfg.connect_timeout = Duration::from_millis(500);
+    cfg.dial_timeout = cfg.connect_timeout;
     cfg.kinds
         .set(
             SCRAPE,
