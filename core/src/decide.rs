@@ -194,6 +194,10 @@ fn route_inner<R: ReplicaView>(
                         region::rtt_of(c),
                     ),
                 },
+                ttft_terms: rank[i].filter(|&r| r <= 1).map(|_| {
+                    snap.get_or_insert_with(|| inp.predictor.load())
+                        .ttft_terms(features::key(c), &features::observation(profile, c))
+                }),
                 eval: decision.evals.get(i).copied(),
                 rank: rank[i],
             })

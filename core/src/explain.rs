@@ -5,9 +5,11 @@
 //! [`crate::decide::route`] allocates nothing for it. Cost when asked: one `Vec` of
 //! `n` notes (n = eligible candidates), each a few hundred bytes of copied numbers,
 //! no predictions beyond those the policy already made, except for policies that do
-//! not predict, where one snapshot load and `n` predictions are added.
+//! not predict, where one snapshot load and `n` predictions are added; plus the TTFT
+//! feature map of the choice and the runner-up, split into terms (two more).
 
 use headroom_predictor::Prediction;
+use headroom_predictor::features::TTFT_DIM;
 
 use crate::{ledger::Load, policy::slo::Eval};
 
@@ -26,6 +28,10 @@ pub struct CandidateNote {
     /// KV-cache use from that scrape (0–1), where the engine reports it.
     pub kv_usage: Option<f64>,
     pub prediction: Prediction,
+    /// The TTFT point forecast split into its terms (ms, engine-side: no round trip;
+    /// [`headroom_predictor::Snapshot::ttft_terms`]), for the choice and the runner-up
+    /// only: what an operator reads to see which part of a forecast was off.
+    pub ttft_terms: Option<[f64; TTFT_DIM]>,
     /// The `slo` policy's judgement (tier, violation probability, cost); `None` for
     /// policies that do not evaluate objectives, and while the `slo` policy is cold.
     pub eval: Option<Eval>,

@@ -37,6 +37,19 @@ pub const TTFT_FEATURE_NAMES: [&str; TTFT_DIM] = [
     "step_residual [ms per ms]",
 ];
 
+/// Short names of the TTFT features, for a forecast split into its terms
+/// ([`crate::Snapshot::ttft_terms`]).
+pub const TTFT_TERM_KEYS: [&str; TTFT_DIM] = [
+    "bias",
+    "prefill_steps",
+    "prefill_tokens",
+    "decode_tokens",
+    "decode_kv_reads",
+    "attention_pairs",
+    "admission_wait",
+    "step_residual",
+];
+
 /// Names and units of the TPOT features.
 pub const TPOT_FEATURE_NAMES: [&str; TPOT_DIM] = [
     "bias [ms]",

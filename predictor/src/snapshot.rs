@@ -417,6 +417,16 @@ impl Snapshot {
         e.ttft.mean(&x, d.floor_ms)
     }
 
+    /// The TTFT point forecast split into its terms (ms): each feature times its
+    /// coefficient and the replica's correction, in [`crate::features::TTFT_TERM_KEYS`] order. They sum to
+    /// [`Self::predict_ttft_ms`] unless the floor lifted it. For operators and offline
+    /// reading: which part of a forecast was too low or too high.
+    pub fn ttft_terms(&self, key: ReplicaKey, obs: &Observation) -> [f64; TTFT_DIM] {
+        let e = self.entry(key);
+        let x = self.with_clean(obs, |o| ttft_features_on(o, &self.d.fp, &e.ctx));
+        std::array::from_fn(|i| e.ttft.theta[i] * x[i] * e.ttft.mult)
+    }
+
     /// Predict for many candidates into `out` (cleared first; reuse it to avoid allocation).
     pub fn predict_many(&self, obs: &[(ReplicaKey, Observation)], out: &mut Vec<Prediction>) {
         out.clear();

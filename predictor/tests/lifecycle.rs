@@ -269,3 +269,39 @@ fn replica_measurements_reject_garbage_and_drive_the_admission_wait() {
     let p = climbing.snapshot(3.0).predict(key, &obs);
     assert_eq!(p.ttft_wait_ms, 0.0);
 }
+
+#[test]
+fn a_forecast_splits_into_terms_that_sum_to_it() {
+    let mut l = Learner::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let key = ReplicaKey::new(9, 2);
+    for i in 0..200 {
+        label(&mut l, &mut rng, key, i as f64);
+    }
+    let snap = l.snapshot(200.0);
+    // A queue behind a full KV cache.
+    let obs = Observation {
+        queued_prefill_tokens: 3000.0,
+        queued_requests: 2.0,
+        decoding_requests: 30.0,
+        decode_context_tokens: 60_000.0,
+        decode_remaining_tokens: 3000.0,
+        kv_capacity_tokens: 60_000.0,
+        kv_usage: 1.0,
+        metric_age_s: 0.0,
+        ..synth::situation(&mut rng, &Engine::h100(), &Load::moderate()).obs
+    };
+    let terms = snap.ttft_terms(key, &obs);
+    let (sum, point): (f64, f64) = (terms.iter().sum(), snap.predict_ttft_ms(key, &obs));
+    assert!(terms.iter().all(|t| t.is_finite()), "{terms:?}");
+    assert!((sum - point).abs() <= 1e-9 * point, "{sum} vs {point}");
+    // An idle replica's forecast may sit on the floor: the terms never exceed it.
+    let idle = Observation::default();
+    let idle_sum: f64 = snap.ttft_terms(key, &idle).iter().sum();
+    assert!(snap.predict_ttft_ms(key, &idle) >= idle_sum - 1e-9);
+    let wait = snap.ttft_terms(key, &obs)[6];
+    assert!(
+        wait > 0.0,
+        "a full cache shows in the admission-wait term: {wait}"
+    );
+}

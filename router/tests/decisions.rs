@@ -52,6 +52,18 @@ async fn every_response_names_a_record_that_explains_and_measures_it() {
     assert_eq!(chosen.len(), 1);
     assert_eq!(chosen[0]["replica"], served.as_str());
     assert!(chosen[0]["why"].as_str().unwrap().starts_with("chosen"));
+    // The choice's TTFT forecast split into its terms, which add up to it (no round
+    // trip here; a cold forecast is well above the floor).
+    let terms = chosen[0]["ttft_terms_ms"]
+        .as_object()
+        .expect("terms of the choice");
+    assert!(terms.contains_key("admission_wait") && terms.contains_key("prefill_tokens"));
+    let sum: f64 = terms.values().map(|v| v.as_f64().unwrap()).sum();
+    let point = chosen[0]["predicted"]["ttft_ms"].as_f64().unwrap();
+    assert!(
+        (sum - point).abs() <= 1e-6 * point,
+        "{sum} vs {point}: {rec}"
+    );
     for c in cands {
         assert!(c["predicted"]["ttft_ms"].is_number(), "{c}");
         assert!(c["load"]["requests"].is_number(), "{c}");

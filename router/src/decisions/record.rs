@@ -10,6 +10,7 @@
 use serde::Serialize;
 
 use headroom_core::{Routed, Verdict, explain::CandidateNote, policy::RequestProfile};
+use headroom_predictor::features::{TTFT_DIM, TTFT_TERM_KEYS};
 
 use crate::fleet::Replica;
 
@@ -92,6 +93,21 @@ pub struct Forecast {
     pub tpot_guarded: bool,
 }
 
+/// A TTFT forecast's terms (ms), serialised as an object keyed by term name.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TtftTerms(pub [f64; TTFT_DIM]);
+
+impl Serialize for TtftTerms {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(TTFT_DIM))?;
+        for (k, v) in TTFT_TERM_KEYS.iter().zip(&self.0) {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
 /// The `slo` policy's judgement of one candidate.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Judged {
@@ -123,6 +139,10 @@ pub struct CandidateRecord {
     pub kv_usage: Option<f64>,
     pub scraped_age_s: Option<f64>,
     pub predicted: Forecast,
+    /// The TTFT point forecast split into its terms (ms, engine-side), named as
+    /// `headroom_predictor::features::TTFT_TERM_KEYS`; the choice and the runner-up only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_terms_ms: Option<TtftTerms>,
     pub eval: Option<Judged>,
     /// Why it won or lost; filled when the record is read.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,6 +198,7 @@ impl Decided {
                         ttft_guarded: p.ttft_guarded,
                         tpot_guarded: p.tpot_guarded,
                     },
+                    ttft_terms_ms: n.ttft_terms.map(TtftTerms),
                     eval: n.eval.map(|e| Judged {
                         tier: e.tier,
                         p_violate: e.p_violate,
