@@ -13,7 +13,7 @@ use std::time::Instant;
 use headroom_predictor::{Observation, Prediction, ReplicaKey, SharedPredictor};
 
 use crate::{
-    explain::{CandidateNote, Explanation},
+    explain::{CandidateNote, EngineQueue, Explanation},
     policy::{
         CandidateError, Choice, DecideCtx, NoFit, Policy, RequestProfile, build_candidates,
         candidates::CandidateParams, features,
@@ -186,6 +186,11 @@ fn route_inner<R: ReplicaView>(
                 peers_age_s: c.peers_age_s,
                 scraped_age_s: c.scraped.as_ref().map(|_| c.scraped_age_s),
                 kv_usage: c.scraped.as_ref().and_then(|s| s.kv_usage),
+                engine_queue: c.scraped.as_ref().map(|s| EngineQueue {
+                    running: s.running,
+                    waiting: s.waiting,
+                    preemption_rate: s.preemption_rate,
+                }),
                 prediction: match decision.predictions.get(i).copied() {
                     Some(p) => p,
                     None => region::with_rtt(

@@ -27,6 +27,9 @@ pub struct CandidateNote {
     pub scraped_age_s: Option<f64>,
     /// KV-cache use from that scrape (0–1), where the engine reports it.
     pub kv_usage: Option<f64>,
+    /// That scrape's running and waiting requests (waiting counts the preempted, which
+    /// the engine puts back at the front of its queue) and preemptions per second.
+    pub engine_queue: Option<EngineQueue>,
     pub prediction: Prediction,
     /// The TTFT point forecast split into its terms (ms, engine-side: no round trip;
     /// [`headroom_predictor::Snapshot::ttft_terms`]), for the choice and the runner-up
@@ -37,6 +40,14 @@ pub struct CandidateNote {
     pub eval: Option<Eval>,
     /// Position in the policy's ranking (0 = the choice); `None` when not ranked.
     pub rank: Option<usize>,
+}
+
+/// The engine's own queue as last scraped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineQueue {
+    pub running: f64,
+    pub waiting: f64,
+    pub preemption_rate: f64,
 }
 
 /// Every candidate of one decision, in candidate order.

@@ -137,6 +137,14 @@ pub struct CandidateRecord {
     pub peer_load: LoadNote,
     pub peer_load_age_s: f64,
     pub kv_usage: Option<f64>,
+    /// The same scrape's running and waiting requests (waiting includes the preempted)
+    /// and preemptions per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_running: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_waiting: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_preemptions_per_s: Option<f64>,
     pub scraped_age_s: Option<f64>,
     pub predicted: Forecast,
     /// The TTFT point forecast split into its terms (ms, engine-side), named as
@@ -187,6 +195,9 @@ impl Decided {
                     peer_load: (&n.peers).into(),
                     peer_load_age_s: n.peers_age_s,
                     kv_usage: n.kv_usage,
+                    engine_running: n.engine_queue.map(|q| q.running),
+                    engine_waiting: n.engine_queue.map(|q| q.waiting),
+                    engine_preemptions_per_s: n.engine_queue.map(|q| q.preemption_rate),
                     scraped_age_s: n.scraped_age_s,
                     predicted: Forecast {
                         ttft_ms: p.ttft_ms,
