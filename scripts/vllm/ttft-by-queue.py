@@ -30,14 +30,21 @@ WAIT_BUCKETS_MS = [(0, 0.001), (0.001, 50), (50, 150), (150, 300), (300, 600), (
                    (1200, math.inf)]
 
 
-def median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
-
-
 def percentile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def median(xs):
+    return percentile(xs, 0.5)
+
+
+def bucketed(rows, col, edges):
+    """(lo, hi, rows whose column `col` lies in [lo, hi)) for each non-empty bucket."""
+    for lo, hi in edges:
+        sub = [r for r in rows if lo <= r[col] < hi]
+        if sub:
+            yield lo, hi, sub
 
 
 def labels(dirs):
@@ -79,10 +86,7 @@ def main():
     print("| oldest queued age, ms | labels | measured p50 ms | forecast p50 ms | age p50 ms "
           "| within p90 bound | median log err |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for lo, hi in AGE_BUCKETS_MS:
-        sub = [r for r in rows if lo <= r[3] < hi]
-        if not sub:
-            continue
+    for lo, hi, sub in bucketed(rows, 3, AGE_BUCKETS_MS):
         cov = sum(1 for f, u, y, a, _ in sub if y <= u) / len(sub)
         err = median(math.log(y / f) for f, u, y, a, _ in sub)
         print(f"| {lo:g}–{hi:g} | {len(sub)} | {median(r[2] for r in sub):.0f} "
@@ -102,10 +106,7 @@ def main():
     print("| admission-wait term, ms | labels | term p50 | imposed p25 | imposed p50 "
           "| imposed p75 | queued age p50 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for lo, hi in WAIT_BUCKETS_MS:
-        sub = [r for r in termed if lo <= r[4] < hi]
-        if not sub:
-            continue
+    for lo, hi, sub in bucketed(termed, 4, WAIT_BUCKETS_MS):
         # What the engine imposed beyond the forecast's other terms.
         imposed = [y - (f - w) for f, u, y, a, w in sub]
         print(f"| {lo:g}–{hi:g} | {len(sub)} | {median(r[4] for r in sub):.0f} "
