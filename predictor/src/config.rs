@@ -59,12 +59,19 @@ impl Default for DriftConfig {
     }
 }
 
+/// A configured TTFT prior's length is usable: every coefficient, or all but the
+/// learned-only `kv_deficit` (the features module docs).
+pub(crate) fn ttft_prior_len_ok(len: usize) -> bool {
+    len == TTFT_DIM || len + 1 == TTFT_DIM
+}
+
 /// A physical prior for one class: θ₀ worth `kappa` pseudo-samples.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClassPrior {
     pub class: u64,
-    /// TTFT coefficients, one per TTFT feature (see `TTFT_FEATURE_NAMES`).
+    /// TTFT coefficients, one per TTFT feature (see `TTFT_FEATURE_NAMES`); the last,
+    /// `kv_deficit`'s, may be left out (a prior of 0, as before that feature existed).
     pub ttft_theta: Vec<f64>,
     /// TPOT coefficients, one per TPOT feature (see `TPOT_FEATURE_NAMES`).
     pub tpot_theta: Vec<f64>,
@@ -85,11 +92,14 @@ pub struct PredictorConfig {
     pub ridge: f64,
     /// Re-solve a class model after this many labels.
     pub solve_every: u32,
-    /// Floor on labels for the relative weight 1/max(y, floor)² and on predictions (ms).
+    /// Floor on labels in their weight (`1/max(y, floor)²` or `1/(max(y, floor)·fit)`)
+    /// and on predictions (ms).
     pub min_target_ms: f64,
     /// Huber threshold on |log(y/ŷ)|: labels further from the forecast than this count
     /// with weight h/|log(y/ŷ)| (an L1 tail), so a minority of disturbed outcomes (a
-    /// document arriving mid-decode) does not pull the typical forecast. 0 = plain L2.
+    /// document arriving mid-decode) does not pull the typical forecast; the label's
+    /// scale weight is then `1/(y·fit)` too (`learner::learn_target`). 0 = plain
+    /// relative L2, `1/y²`, a function of the label alone.
     pub huber_log: f64,
     /// Token budget used when an observation does not say (vLLM's fallback is 2048).
     pub default_max_batched_tokens: f64,
@@ -274,7 +284,7 @@ impl PredictorConfig {
             "drift.boost_s must be ≥ 0",
         );
         for pr in &self.priors {
-            let ok = pr.ttft_theta.len() == TTFT_DIM
+            let ok = ttft_prior_len_ok(pr.ttft_theta.len())
                 && pr.tpot_theta.len() == TPOT_DIM
                 && pr
                     .ttft_theta
@@ -286,8 +296,9 @@ impl PredictorConfig {
             check(
                 ok,
                 &format!(
-                    "priors[class={}] needs {TTFT_DIM} TTFT and {TPOT_DIM} TPOT finite coefficients and kappa ≥ 0",
-                    pr.class
+                    "priors[class={}] needs {TTFT_DIM} (or {}) TTFT and {TPOT_DIM} TPOT finite coefficients and kappa ≥ 0",
+                    pr.class,
+                    TTFT_DIM - 1
                 ),
             );
         }
@@ -360,7 +371,7 @@ impl PredictorConfig {
             dr.min_sigma = dd.min_sigma;
         }
         c.priors.retain(|pr| {
-            pr.ttft_theta.len() == TTFT_DIM
+            ttft_prior_len_ok(pr.ttft_theta.len())
                 && pr.tpot_theta.len() == TPOT_DIM
                 && pr
                     .ttft_theta

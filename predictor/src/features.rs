@@ -8,7 +8,7 @@
 //! `T_step = T0 + c_req·n + t_tok·N + α·Σctx_decode + β·Σ(c·k + c²/2)`. A request waiting
 //! behind `Q` uncached tokens with `u` of its own finishes its prefill after
 //! `S = ⌈(Q+u)/(B−n_dec)⌉` steps, after waiting out the step in progress (`r`), so
-//! TTFT ≈ θ·[1, S, (Q+u), S·n_dec, S·ctx_dec, pairs, wait, r].
+//! TTFT ≈ θ·[1, S, (Q+u), S·n_dec, S·ctx_dec, pairs, wait, r, kv_deficit].
 //!
 //! `wait` is the admission wait of a capacity-bound replica, in milliseconds (derivation
 //! at [`admission_wait_steps`]): decode steps until enough running requests finish to
@@ -17,11 +17,22 @@
 //! vLLM measurements of `../shared/traces/llmservingsim-vllm-measured` this wait is 95%+
 //! of TTFT, and the labels that would teach it arrive one (tens-of-seconds) TTFT late,
 //! so the structure has to be right before any label does.
+//!
+//! `kv_deficit` is the same shortfall by the router's own count, `(ctx_dec + Q + u − C)⁺`
+//! in thousands of tokens, capped at `C`, with a prior coefficient of 0: learned from
+//! labels, never assumed. The wait reads the engine's scraped usage instead, which counts
+//! a shared prefix once where the router counts it per request; but a scrape up to a
+//! second old misses the placements made since it, and on the real pair at its knee a
+//! queue that has just formed waited 2-3× what the wait term said
+//! (`bench/results/real-vllm/2026-12-06` §5-§9). Where the two counts disagree, the
+//! labels weigh them. Capped at one cache's worth: past that the wait term's steady
+//! admission rate already prices the queue (the RTX 4090 replay, 130k tokens queued
+//! past 41k of cache: TTFT MAPE 85% uncapped, 51% capped).
 
 use crate::observation::Observation;
 
 /// Number of TTFT features.
-pub const TTFT_DIM: usize = 8;
+pub const TTFT_DIM: usize = 9;
 /// Number of TPOT features.
 pub const TPOT_DIM: usize = 6;
 
@@ -35,6 +46,7 @@ pub const TTFT_FEATURE_NAMES: [&str; TTFT_DIM] = [
     "attention_pairs (pairs_q + u*k + u^2/2)/1e6 [ms per 1M pairs]",
     "admission_wait steps*step_ms [ms per ms]",
     "step_residual [ms per ms]",
+    "kv_deficit_counted (ctx_dec+Q+u-C)+/1e3 [ms per 1k tokens]",
 ];
 
 /// Short names of the TTFT features, for a forecast split into its terms
@@ -48,6 +60,7 @@ pub const TTFT_TERM_KEYS: [&str; TTFT_DIM] = [
     "attention_pairs",
     "admission_wait",
     "step_residual",
+    "kv_deficit",
 ];
 
 /// Names and units of the TPOT features.
@@ -62,17 +75,18 @@ pub const TPOT_FEATURE_NAMES: [&str; TPOT_DIM] = [
 
 /// Generic physical prior for TTFT, midway between the H100 and A100 Llama-3-8B constants
 /// of engine-and-traces.md §2.3. Used for cold predictions and as the ridge target.
-pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2, 1.0, 1.0];
+pub const GENERIC_TTFT_THETA: [f64; TTFT_DIM] = [5.0, 8.0, 40.0, 20.0, 65.0, 2.2, 1.0, 1.0, 0.0];
 /// Which TTFT coefficients are engine speeds (ms per unit of work) that a speed-ratio
 /// prior scales; the last two multiply measured milliseconds and stay at 1.
-pub const TTFT_SPEED_SCALED: [bool; TTFT_DIM] = [true, true, true, true, true, true, false, false];
+pub const TTFT_SPEED_SCALED: [bool; TTFT_DIM] =
+    [true, true, true, true, true, true, false, false, false];
 /// Pseudo-samples anchoring each TTFT coefficient at its prior regardless of excitation
 /// (`DecayStats::solve_anchored`): the admission wait's coefficient is ms per measured
 /// ms, physically 1, and the first labels that touch it are the odd ones at the edge of
 /// the bound regime (the RTX 4090 replay: one label with a 0.2 s wait in a 0.8 s TTFT
 /// took it to 0.12 before any label from deep in the queue existed). Ten labels whose
 /// TTFT is mostly the wait outweigh it 1:1.
-pub const TTFT_ANCHOR: [f64; TTFT_DIM] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0];
+pub const TTFT_ANCHOR: [f64; TTFT_DIM] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0];
 /// No TPOT coefficient is anchored.
 pub const TPOT_ANCHOR: [f64; TPOT_DIM] = [0.0; TPOT_DIM];
 /// TPOT's speed ratio scales its per-step floor only. The first TPOT labels of a class
@@ -201,6 +215,7 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) ->
         pairs * 1e-6,
         admission_wait_steps(o, d, r) * r.step_ms,
         o.step_residual_ms,
+        counted_kv_deficit(o, d) * 1e-3,
     ]
 }
 
@@ -271,6 +286,17 @@ pub fn admission_wait_steps(o: &Observation, d: &Derived, r: &ReplicaCtx) -> f64
         steps = steps.max(completion(o.queued_requests + 1.0, out / n));
     }
     steps.max(0.0)
+}
+
+/// The KV deficit by the router's own count (tokens): `(ctx_dec + Q + u − C)⁺`, at most
+/// `C` (module docs); 0 while the capacity is unknown.
+#[inline(always)]
+fn counted_kv_deficit(o: &Observation, d: &Derived) -> f64 {
+    if o.kv_capacity_tokens > 0.0 {
+        (o.decode_context_tokens + d.work - o.kv_capacity_tokens).clamp(0.0, o.kv_capacity_tokens)
+    } else {
+        0.0
+    }
 }
 
 /// KV tokens the engine holds: its own fresh usage where it reports one, else the
@@ -427,6 +453,35 @@ mod tests {
         };
         let measured = ttft_features_on(&o, &P, &r)[6];
         assert!((measured - steps * 40.0).abs() < 1e-9, "{measured}");
+    }
+
+    #[test]
+    fn the_counted_kv_deficit_is_the_routers_overflow_capped_at_one_cache() {
+        let mut o = Observation {
+            prompt_tokens: 600.0,
+            cached_tokens: 100.0,
+            queued_prefill_tokens: 1_500.0,
+            queued_requests: 2.0,
+            decoding_requests: 9.0,
+            decode_context_tokens: 7_000.0,
+            kv_capacity_tokens: 8_192.0,
+            // The scrape says there is room: the wait term reads it, this one does not.
+            kv_usage: 0.5,
+            metric_age_s: 0.5,
+            ..Default::default()
+        };
+        let x = ttft_features(&o, &P);
+        assert_eq!(x[6], 0.0, "no wait by the scrape's count");
+        // 7,000 running + 1,500 queued + 500 own uncached − 8,192 = 808 tokens.
+        assert!((x[8] - 0.808).abs() < 1e-12, "{}", x[8]);
+        o.queued_prefill_tokens = 90_000.0;
+        assert_eq!(ttft_features(&o, &P)[8], 8.192, "at most one cache's worth");
+        o.kv_capacity_tokens = 0.0;
+        assert_eq!(
+            ttft_features(&o, &P)[8],
+            0.0,
+            "unknown capacity, no deficit"
+        );
     }
 
     #[test]

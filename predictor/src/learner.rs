@@ -409,9 +409,13 @@ impl Learner {
         class: u64,
     ) -> ([f64; TTFT_DIM], [f64; TPOT_DIM], f64) {
         match cfg.priors.iter().find(|p| p.class == class) {
-            Some(p) if p.ttft_theta.len() == TTFT_DIM && p.tpot_theta.len() == TPOT_DIM => {
+            Some(p)
+                if crate::config::ttft_prior_len_ok(p.ttft_theta.len())
+                    && p.tpot_theta.len() == TPOT_DIM =>
+            {
+                // A prior without `kv_deficit`'s coefficient leaves it at 0.
                 let mut a = [0.0; TTFT_DIM];
-                a.copy_from_slice(&p.ttft_theta);
+                a[..p.ttft_theta.len()].copy_from_slice(&p.ttft_theta);
                 let mut b = [0.0; TPOT_DIM];
                 b.copy_from_slice(&p.tpot_theta);
                 (a, b, p.kappa)
@@ -1039,20 +1043,36 @@ fn learn_target<const D: usize>(
     rt.labels += 1;
     rt.last_label_s = rt.last_label_s.max(at_s);
 
+    // The label's weight: the inverse square of its scale, so a long TTFT does not
+    // outweigh many short ones, taken as `1/(y·f)` with `f` the current fit (before the
+    // per-replica correction) once the class has `warm_min` labels, and `1/y²` before
+    // (a fit from a handful of labels, or a borrowed prior, is no scale). Why not `1/y²`
+    // throughout: with multiplicative noise, `y = f·e^ε`, ε ~ N(0, σ²), weights
+    // `∝ y^(−a)` put the weighted least-squares level at `E[y^(1−a)]/E[y^(−a)] =
+    // median·e^(σ²(1−2a)/2)`. `1/y²` (`a = 2`) sits at `median·e^(−1.5σ²)`, half the median
+    // where σ ≈ 0.7, which is TTFT behind a queue just formed on a KV-bound real vLLM: it
+    // held those forecasts 2-3× low (bench/results/real-vllm/2026-12-06 §5-§9). `a = 1`
+    // sits at `median·e^(−σ²/2)`, 0.78 of it there; `a = ½`, unbiased, let over-forecasts
+    // of short labels grow (the RTX 4090 replay's TTFT MdAPE 14% → 20%).
+    //
     // Huber weight against the current fit (θ now, with the correction that would apply
     // now), not the forecast issued one label-delay ago: under delay the issued forecast
     // can be from a fit that has since moved, and weighing a label by its distance from a
     // forecast nobody would make any more down-weights exactly the labels that moved it.
     // While the class is young (< warm_min labels) every label is information about the
     // fit, not an outlier, so none is down-weighted.
-    let mut w = 1.0 / (y.max(k.floor_ms) * y.max(k.floor_ms));
-    if k.huber_log > 0.0 && model.solved && model.labels().0 >= k.warm_min {
+    // With `huber_log` = 0 the weight is `1/y²`, a function of the sample alone, so
+    // federated statistics equal pooled ones exactly.
+    let yf = y.max(k.floor_ms);
+    let trusted = k.huber_log > 0.0 && model.solved && model.labels().0 >= k.warm_min;
+    let mut w = 1.0 / (yf * if trusted { mu_class } else { yf });
+    if trusted {
         let c_now = if k.correction_applies(target, rt) {
             rt.merged_correction(tau)
         } else {
             0.0
         };
-        let fit = dot(&model.theta, x).max(k.floor_ms) * c_now.exp();
+        let fit = mu_class * c_now.exp();
         let r = (y / fit).ln().abs();
         if r > k.huber_log {
             w *= k.huber_log / r;

@@ -24,8 +24,8 @@ use crate::snapshot::{Snapshot, SnapshotData};
 
 const SNAPSHOT_MAGIC: [u8; 4] = *b"HRPS";
 const LEARNER_MAGIC: [u8; 4] = *b"HRPL";
-/// Bump whenever a persisted struct changes shape.
-pub const FORMAT_VERSION: u16 = 7;
+/// Bump whenever a persisted struct changes shape (8 was used once and retired: skip it).
+pub const FORMAT_VERSION: u16 = 9;
 const HEADER_LEN: usize = 24;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {

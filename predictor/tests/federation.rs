@@ -235,7 +235,7 @@ fn stale_peer_slots_are_dropped_and_corrupt_ones_refused() {
     bad.blocks[0].b.pop();
     assert!(a.merge_peer_slot(bad).is_err());
     let mut bad = slot.clone();
-    bad.blocks[0].dim = 9;
+    bad.blocks[0].dim += 1;
     assert!(a.merge_peer_slot(bad).is_err());
     let mut bad = slot.clone();
     bad.blocks[0].sum_w = -1.0;

@@ -122,7 +122,9 @@ fn a_configured_prior_drives_cold_predictions() {
             metric_fresh_s: cfg.metric_fresh_s,
         },
     );
-    let dot = |t: &[f64; TTFT_DIM]| t.iter().zip(&x).map(|(a, b)| a * b).sum::<f64>();
+    // A prior written before `kv_deficit` existed leaves that coefficient at 0.
+    assert_eq!(theta.len() + 1, TTFT_DIM);
+    let dot = |t: &[f64]| t.iter().zip(&x).map(|(a, b)| a * b).sum::<f64>();
     let snap = l.snapshot(0.0);
     let p3 = snap.predict(ReplicaKey::new(1, 3), &obs);
     let p4 = snap.predict(ReplicaKey::new(1, 4), &obs);

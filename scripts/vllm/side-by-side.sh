@@ -9,6 +9,7 @@
 # Env: HEADROOM_SBS_WORKLOAD (generator spec), HEADROOM_SBS_SLO (`ttft=…,tpot=…`, ms),
 #      HEADROOM_SBS_WARMUP_S (seconds of each replay not scored; the router learns),
 #      HEADROOM_SBS_SYSTEMS (which to run, default all four),
+#      HEADROOM_SBS_FRESH_SERVERS=1 (a freshly started pair for every system),
 #      HEADROOM_SBS_JOURNAL_DIR (Headroom's routers write their learner's journal to
 #      DIR/SYSTEM.jsonl, `predictor_journal`; replay: predictor/tests/real_cpu_journal.rs),
 #      HEADROOM_SBS_CONFIG_EXTRA (TOML appended to every Headroom system's config, e.g.
@@ -60,10 +61,18 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-RUN="$(HEADROOM_VLLM_DEV_MODE=1 HEADROOM_VLLM_MODELS="$MODEL_DIR,$(dirname "$MODEL_DIR")/tiny-llama-big" \
-    "$HERE/start.sh" 2 | tail -n 1)"
-mapfile -t URLS < "$RUN/servers.txt"
-log "servers: ${URLS[*]}"
+# Start the pair (RUN, URLS). With HEADROOM_SBS_FRESH_SERVERS=1 every system after the
+# first gets a freshly started pair (and the config its URLs): on this machine a pair
+# that has served replays preempts more on the next one (2026-12-06 §9: 73/68, then
+# 104/78, then 124/94 preemptions per server over three replays of one seed, probes
+# unchanged), which favours whichever system runs first.
+start_servers() {
+    RUN="$(HEADROOM_VLLM_DEV_MODE=1 HEADROOM_VLLM_MODELS="$MODEL_DIR,$(dirname "$MODEL_DIR")/tiny-llama-big" \
+        "$HERE/start.sh" 2 | tail -n 1)"
+    mapfile -t URLS < "$RUN/servers.txt"
+    log "servers: ${URLS[*]}"
+}
+start_servers
 mkdir -p "$OUT"
 rm -f "$OUT"/run-*.json "$OUT"/live-*.json
 printf '| system | server | preemptions | prompt tokens computed | generated tokens | probe ms before |\n|---|---|---:|---:|---:|---:|\n' \
@@ -170,6 +179,7 @@ measure() { # LABEL PORT CMD...
 }
 
 CONF="$OUT/headroom.toml"
+write_conf() {
 {
     printf '[prefix]\nblock_tokens = 32\n\n'
     # The servers' own tokenizer and chat template: exact prompt counts and blocks.
@@ -182,6 +192,8 @@ CONF="$OUT/headroom.toml"
             "${URLS[$i]}" "$i" "$(basename "$(cat "$RUN/server-$i.model")")"
     done
 } > "$CONF"
+}
+write_conf
 
 # One config per Headroom system: the shared one, plus its own learner journal if asked.
 conf_for() { # SYSTEM
@@ -213,7 +225,16 @@ bin_for() {
     echo "${b:-$BIN/headroom}"
 }
 
+FIRST=1
 for sys in $SYSTEMS; do
+    if [[ "${HEADROOM_SBS_FRESH_SERVERS:-0}" == 1 && $FIRST == 0 ]]; then
+        log "$sys: restarting the servers"
+        "$HERE/stop.sh" "$RUN" >&2 || log "WARNING: stop.sh failed; see $RUN"
+        RUN=""
+        start_servers
+        write_conf
+    fi
+    FIRST=0
     P=$(free_port); Q=$(free_port)
     case "$sys" in
         headroom-*) # any Headroom policy: headroom-POLICY[+VARIANT]
