@@ -1,5 +1,5 @@
-//! Exact tiktoken BPE ids of prompt text that reuse the ids of segments already seen,
-//! so a long shared system prompt is tokenized once, not per request.
+//! Exact tiktoken BPE ids of prompt text that reuse the ids of segments already seen
+//! (the cache and its cut rule: [`crate::segment_cache`]).
 //!
 //! Why it is exact: tiktoken's `encode_ordinary` splits the text with its
 //! pre-tokenizer regex and runs BPE on each piece alone, so the ids of a text are the
@@ -14,171 +14,60 @@
 //! inside the whole. `tests::segmented_equals_whole` checks that on a corpus and
 //! `segments_agree_with_the_whole_text` on random text.
 //!
-//! Segments are cut at the first safe position at least [`SEGMENT_BYTES`] after the
-//! previous cut, so the cuts depend only on the text before them: two prompts that
-//! share a prefix share every segment that ends inside it. Each segment's ids are
-//! kept under the 128-bit xxh3 of its bytes (a collision among 2^32 segments has
-//! probability ≈ 2^-64).
-//!
-//! Cost: a hit costs one xxh3 pass (≈ 10 GB/s) and a copy of its ids; a miss costs
-//! BPE on the segment (≈ 0.04 ms per KB of English for cl100k here) plus the insert.
-//! Memory is bounded: at most [`MAX_CACHED_TOKENS`] ids (4 bytes each) plus ≈ 64
-//! bytes of map entry per segment; a shard over its share drops its least recently
-//! used half.
+//! Cost: a miss costs BPE on the segment, ≈ 0.04 ms per KB of English for cl100k here.
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering::Relaxed},
-    },
-};
+use std::ops::Deref;
 
-use parking_lot::Mutex;
 use tiktoken_rs::CoreBPE;
-use xxhash_rust::xxh3::xxh3_128;
 
-/// Minimum bytes per segment: small enough that a prompt's new tail costs at most
-/// about this much BPE past what it shares (at 1 KB the tail's BPE was most of a 2 KB
-/// request's routing cost), large enough that a hit (hash, lookup, copy) stays cheap
-/// and the map small (≈ 64 ids per entry).
-pub const SEGMENT_BYTES: usize = 256;
-
-/// Ids held across all segments (16 MiB of `u32`s), per vocabulary.
-pub const MAX_CACHED_TOKENS: usize = 4 << 20;
-
-const SHARDS: usize = 16;
-
-struct Entry {
-    ids: Arc<[u32]>,
-    touched: u64,
-}
-
-#[derive(Default)]
-struct Shard {
-    map: HashMap<u128, Entry, foldhash::fast::RandomState>,
-    tokens: usize,
-}
+use crate::segment_cache::SegmentCache;
 
 /// A tiktoken vocabulary with its segment cache.
 pub struct CachedBpe {
     bpe: CoreBPE,
-    shards: Vec<Mutex<Shard>>,
-    clock: AtomicU64,
-    /// Ids one shard may hold.
-    shard_tokens: usize,
-    /// Bytes of text that went through BPE (misses), for tests and `/debug`.
-    pub encoded_bytes: AtomicU64,
-    /// Bytes of text whose ids came from the cache.
-    pub reused_bytes: AtomicU64,
+    cache: SegmentCache,
 }
 
 impl CachedBpe {
     pub fn new(bpe: CoreBPE) -> Self {
-        Self::with_capacity(bpe, MAX_CACHED_TOKENS)
+        Self::with_capacity(bpe, crate::segment_cache::MAX_CACHED_TOKENS)
     }
 
     /// As [`CachedBpe::new`], holding at most about `max_tokens` ids.
     pub fn with_capacity(bpe: CoreBPE, max_tokens: usize) -> Self {
         Self {
             bpe,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            clock: AtomicU64::new(0),
-            shard_tokens: (max_tokens / SHARDS).max(1),
-            encoded_bytes: AtomicU64::new(0),
-            reused_bytes: AtomicU64::new(0),
+            cache: SegmentCache::with_capacity(max_tokens),
         }
     }
 
     /// The ids `encode_ordinary(text)` gives, reusing cached segments.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3);
-        for seg in segments(text) {
-            self.encode_segment(seg, &mut out);
-        }
-        out
+        self.cache
+            .encode(text, |seg| Some(self.bpe.encode_ordinary(seg)))
+            .unwrap_or_default()
     }
 
     /// The uncached tokenizer (for comparison).
     pub fn encode_whole(&self, text: &str) -> Vec<u32> {
         self.bpe.encode_ordinary(text)
     }
-
-    fn encode_segment(&self, seg: &str, out: &mut Vec<u32>) {
-        let key = xxh3_128(seg.as_bytes());
-        let shard = &self.shards[(key >> 124) as usize % SHARDS];
-        let tick = self.clock.fetch_add(1, Relaxed);
-        if let Some(e) = shard.lock().map.get_mut(&key) {
-            e.touched = tick;
-            out.extend_from_slice(&e.ids);
-            self.reused_bytes.fetch_add(seg.len() as u64, Relaxed);
-            return;
-        }
-        // BPE outside the lock: two requests missing the same segment both encode it.
-        let ids: Arc<[u32]> = self.bpe.encode_ordinary(seg).into();
-        self.encoded_bytes.fetch_add(seg.len() as u64, Relaxed);
-        out.extend_from_slice(&ids);
-        let mut s = shard.lock();
-        s.tokens += ids.len();
-        if let Some(old) = s.map.insert(key, Entry { ids, touched: tick }) {
-            s.tokens -= old.ids.len();
-        }
-        if s.tokens > self.shard_tokens {
-            shrink(&mut s);
-        }
-    }
-
-    /// Segments and ids held now.
-    pub fn held(&self) -> (usize, usize) {
-        self.shards.iter().fold((0, 0), |(n, t), s| {
-            let s = s.lock();
-            (n + s.map.len(), t + s.tokens)
-        })
-    }
 }
 
-/// Drops the least recently used half of a shard (amortised: a shard refills half its
-/// share before the next sort).
-fn shrink(s: &mut Shard) {
-    let mut ticks: Vec<u64> = s.map.values().map(|e| e.touched).collect();
-    let half = ticks.len() / 2;
-    let (_, cut, _) = ticks.select_nth_unstable(half);
-    let cut = *cut;
-    s.map.retain(|_, e| e.touched > cut);
-    s.tokens = s.map.values().map(|e| e.ids.len()).sum();
-}
-
-/// Whether a segment may end before byte `p` (see the module docs).
-fn safe_cut(b: &[u8], p: usize) -> bool {
-    p > 0 && p + 1 < b.len() && b[p] == b' ' && b[p - 1].is_ascii_alphabetic() && {
-        b[p + 1].is_ascii_alphabetic()
+/// The cache's counters and size.
+impl Deref for CachedBpe {
+    type Target = SegmentCache;
+    fn deref(&self) -> &SegmentCache {
+        &self.cache
     }
-}
-
-/// The text cut at safe positions at least [`SEGMENT_BYTES`] apart; the pieces
-/// concatenate to the text. Cuts fall on ASCII bytes, so on char boundaries.
-pub fn segments(text: &str) -> impl Iterator<Item = &str> {
-    let b = text.as_bytes();
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        if start >= b.len() {
-            return None;
-        }
-        let mut p = start + SEGMENT_BYTES;
-        while p < b.len() && !safe_cut(b, p) {
-            p += 1;
-        }
-        let end = p.min(b.len());
-        let seg = &text[start..end];
-        start = end;
-        Some(seg)
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::segment_cache::{SEGMENT_BYTES, SHARDS, segments};
     use proptest::prelude::*;
+    use std::sync::atomic::Ordering::Relaxed;
 
     fn cl100k() -> &'static CachedBpe {
         static T: std::sync::OnceLock<CachedBpe> = std::sync::OnceLock::new();

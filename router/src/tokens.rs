@@ -9,7 +9,7 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
-use crate::bpe_cache::CachedBpe;
+use crate::{bpe_cache::CachedBpe, segment_cache::SegmentCache};
 use headroom_core::blocks::chain;
 pub use headroom_core::blocks::{PromptShape, shape_of_ids};
 
@@ -68,6 +68,9 @@ pub enum TokenizerError {
 /// A Hugging Face `tokenizer.json` with the model's chat template, if it has one.
 pub struct HfTokenizer {
     tok: tokenizers::Tokenizer,
+    /// Where the tokenizer may run segment by segment ([`crate::hf_segments`]): the
+    /// segments' cache and the special ids put around them. None: every text whole.
+    segments: Option<HfSegments>,
     /// None: the chat path counts the flattened messages plus a per-message allowance.
     pub chat: Option<crate::chat::ChatTemplate>,
     pub path: PathBuf,
@@ -95,17 +98,58 @@ impl HfTokenizer {
                 source,
             }
         })?;
-        Ok(HfTokenizer {
+        let mut h = HfTokenizer {
             tok,
+            segments: None,
             chat,
             path: path.to_path_buf(),
-        })
+        };
+        let json: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| file_err(format!("not a tokenizer.json: {e}")))?;
+        match crate::hf_segments::check(&json).and_then(|()| {
+            crate::hf_segments::specials(|t, special| h.encode_whole(t, special))
+                .ok_or_else(|| "post-processor changes the ids".to_string())
+        }) {
+            Ok((prefix, suffix)) => {
+                h.segments = Some(HfSegments {
+                    cache: SegmentCache::default(),
+                    prefix,
+                    suffix,
+                })
+            }
+            Err(why) => tracing::info!(
+                tokenizer = %path.display(),
+                "every prompt is tokenized whole (no reuse of seen segments): {why}"
+            ),
+        }
+        Ok(h)
+    }
+
+    /// The segment cache's counters, where this tokenizer has one.
+    pub fn segment_cache(&self) -> Option<&SegmentCache> {
+        self.segments.as_ref().map(|s| &s.cache)
     }
 
     /// Token ids of `text`; `special`: add the tokenizer's special tokens (BOS...),
     /// as vLLM does for completions (`add_special_tokens` true) and not for rendered
     /// chat (the template writes them). None if the tokenizer fails on the text.
     pub fn encode(&self, text: &str, special: bool) -> Option<Vec<u32>> {
+        let Some(seg) = &self.segments else {
+            return self.encode_whole(text, special);
+        };
+        let body = seg.cache.encode(text, |s| self.encode_whole(s, false))?;
+        if !special {
+            return Some(body);
+        }
+        let mut ids = Vec::with_capacity(seg.prefix.len() + body.len() + seg.suffix.len());
+        ids.extend_from_slice(&seg.prefix);
+        ids.extend_from_slice(&body);
+        ids.extend_from_slice(&seg.suffix);
+        Some(ids)
+    }
+
+    /// As [`HfTokenizer::encode`], the whole text at once (no cache).
+    pub fn encode_whole(&self, text: &str, special: bool) -> Option<Vec<u32>> {
         match self.tok.encode_fast(text, special) {
             Ok(enc) => Some(enc.get_ids().to_vec()),
             Err(e) => {
@@ -114,6 +158,13 @@ impl HfTokenizer {
             }
         }
     }
+}
+
+/// See [`HfTokenizer::segments`].
+struct HfSegments {
+    cache: SegmentCache,
+    prefix: Vec<u32>,
+    suffix: Vec<u32>,
 }
 
 static CL100K: OnceLock<Result<Arc<CachedBpe>, String>> = OnceLock::new();

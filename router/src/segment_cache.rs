@@ -1,0 +1,172 @@
+//! A cache of the token ids of text segments already tokenized, so a long shared
+//! system prompt is tokenized once, not per request. Used by every exact tokenizer
+//! whose output on a text is the concatenation of its outputs on the text's segments
+//! (tiktoken: [`crate::bpe_cache`]; Hugging Face: [`crate::hf_segments`]); each states
+//! why its cuts are safe.
+//!
+//! The cut rule: a segment may end before byte `p` when `p` is a space with an ASCII
+//! letter before and after it. Segments are cut at the first such position at least
+//! [`SEGMENT_BYTES`] after the previous cut, so the cuts depend only on the text before
+//! them: two prompts that share a prefix share every segment that ends inside it. Each
+//! segment's ids are kept under the 128-bit xxh3 of its bytes (a collision among 2^32
+//! segments has probability ≈ 2^-64).
+//!
+//! Cost: a hit costs one xxh3 pass (≈ 10 GB/s) and a copy of its ids; a miss costs the
+//! tokenizer on the segment plus the insert. Memory is bounded: at most
+//! [`MAX_CACHED_TOKENS`] ids (4 bytes each) plus ≈ 64 bytes of map entry per segment;
+//! a shard over its share drops its least recently used half.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+};
+
+use parking_lot::Mutex;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Minimum bytes per segment: small enough that a prompt's new tail costs at most
+/// about this much tokenizing past what it shares (at 1 KB the tail's BPE was most of a 2 KB
+/// request's routing cost), large enough that a hit (hash, lookup, copy) stays cheap
+/// and the map small (≈ 64 ids per entry).
+pub const SEGMENT_BYTES: usize = 256;
+
+/// Ids held across all segments (16 MiB of `u32`s), per tokenizer.
+pub const MAX_CACHED_TOKENS: usize = 4 << 20;
+
+/// Shards of the map (each under its own lock).
+pub const SHARDS: usize = 16;
+
+struct Entry {
+    ids: Arc<[u32]>,
+    touched: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<u128, Entry, foldhash::fast::RandomState>,
+    tokens: usize,
+}
+
+/// Segments' ids under the hash of their bytes, for one tokenizer.
+pub struct SegmentCache {
+    shards: Vec<Mutex<Shard>>,
+    clock: AtomicU64,
+    /// Ids one shard may hold.
+    shard_tokens: usize,
+    /// Bytes of text that went through BPE (misses), for tests and `/debug`.
+    pub encoded_bytes: AtomicU64,
+    /// Bytes of text whose ids came from the cache.
+    pub reused_bytes: AtomicU64,
+}
+
+impl Default for SegmentCache {
+    fn default() -> Self {
+        Self::with_capacity(MAX_CACHED_TOKENS)
+    }
+}
+
+impl SegmentCache {
+    /// A cache holding at most about `max_tokens` ids.
+    pub fn with_capacity(max_tokens: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            clock: AtomicU64::new(0),
+            shard_tokens: (max_tokens / SHARDS).max(1),
+            encoded_bytes: AtomicU64::new(0),
+            reused_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The ids of `text`: the cached ids of each of its segments, `encode` run on
+    /// those not held. None if `encode` fails on a segment (nothing is cached for it).
+    pub fn encode(
+        &self,
+        text: &str,
+        encode: impl Fn(&str) -> Option<Vec<u32>>,
+    ) -> Option<Vec<u32>> {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        for seg in segments(text) {
+            self.encode_segment(seg, &encode, &mut out)?;
+        }
+        Some(out)
+    }
+
+    fn encode_segment(
+        &self,
+        seg: &str,
+        encode: &impl Fn(&str) -> Option<Vec<u32>>,
+        out: &mut Vec<u32>,
+    ) -> Option<()> {
+        let key = xxh3_128(seg.as_bytes());
+        let shard = &self.shards[(key >> 124) as usize % SHARDS];
+        let tick = self.clock.fetch_add(1, Relaxed);
+        if let Some(e) = shard.lock().map.get_mut(&key) {
+            e.touched = tick;
+            out.extend_from_slice(&e.ids);
+            self.reused_bytes.fetch_add(seg.len() as u64, Relaxed);
+            return Some(());
+        }
+        // Encoded outside the lock: two requests missing the same segment both encode it.
+        let ids: Arc<[u32]> = encode(seg)?.into();
+        self.encoded_bytes.fetch_add(seg.len() as u64, Relaxed);
+        out.extend_from_slice(&ids);
+        let mut s = shard.lock();
+        s.tokens += ids.len();
+        if let Some(old) = s.map.insert(key, Entry { ids, touched: tick }) {
+            s.tokens -= old.ids.len();
+        }
+        if s.tokens > self.shard_tokens {
+            shrink(&mut s);
+        }
+        Some(())
+    }
+
+    /// Segments and ids held now.
+    pub fn held(&self) -> (usize, usize) {
+        self.shards.iter().fold((0, 0), |(n, t), s| {
+            let s = s.lock();
+            (n + s.map.len(), t + s.tokens)
+        })
+    }
+}
+
+/// Drops the least recently used half of a shard (amortised: a shard refills half its
+/// share before the next sort).
+fn shrink(s: &mut Shard) {
+    let mut ticks: Vec<u64> = s.map.values().map(|e| e.touched).collect();
+    let half = ticks.len() / 2;
+    let (_, cut, _) = ticks.select_nth_unstable(half);
+    let cut = *cut;
+    s.map.retain(|_, e| e.touched > cut);
+    s.tokens = s.map.values().map(|e| e.ids.len()).sum();
+}
+
+/// Whether a segment may end before byte `p` (see the module docs).
+pub fn safe_cut(b: &[u8], p: usize) -> bool {
+    p > 0 && p + 1 < b.len() && b[p] == b' ' && b[p - 1].is_ascii_alphabetic() && {
+        b[p + 1].is_ascii_alphabetic()
+    }
+}
+
+/// The text cut at safe positions at least [`SEGMENT_BYTES`] apart; the pieces
+/// concatenate to the text. Cuts fall on ASCII bytes, so on char boundaries.
+pub fn segments(text: &str) -> impl Iterator<Item = &str> {
+    let b = text.as_bytes();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= b.len() {
+            return None;
+        }
+        let mut p = start + SEGMENT_BYTES;
+        while p < b.len() && !safe_cut(b, p) {
+            p += 1;
+        }
+        let end = p.min(b.len());
+        let seg = &text[start..end];
+        start = end;
+        Some(seg)
+    })
+}
