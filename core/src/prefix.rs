@@ -617,7 +617,10 @@ mod tests {
             total += drops;
         }
         assert!(total >= 4 * SHARDS as u64, "{total} drops");
-        assert!(most <= SHARDS as u64 / 3, "{most} of {SHARDS} shards dropped in one request");
+        assert!(
+            most <= SHARDS as u64 / 3,
+            "{most} of {SHARDS} shards dropped in one request"
+        );
         assert!(idx.len() <= SHARDS * 4096, "{}", idx.len());
     }
 
