@@ -63,8 +63,10 @@ pub struct RequestPath {
 pub const OFFLOAD_TOKENIZE_BYTES: usize = 16 * 1024;
 
 /// The same bound for a Hugging Face tokenizer (`hf:`): on the tiny model's byte-level
-/// BPE it cost ≈ 6× cl100k per byte (dev build: 110 vs 19 ms per 16 KB), plus the chat
-/// template's render, so it leaves the workers at an eighth of the size.
+/// BPE a segment the cache has not seen costs ≈ 4× cl100k per byte (≈ 0.17 µs; whole
+/// 8 KB prompts 1.4 ms), plus the chat template's render, so a prompt leaves the
+/// workers at an eighth of the size. Seen segments cost a hash and a copy
+/// ([`crate::segment_cache`]), but which are seen is known only after the lookup.
 pub const OFFLOAD_HF_TOKENIZE_BYTES: usize = 2 * 1024;
 
 /// What [`RequestPath::new`] is built from (the assembly in [`super::Node::start`]).
