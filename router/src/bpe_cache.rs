@@ -65,7 +65,7 @@ impl Deref for CachedBpe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment_cache::{SEGMENT_BYTES, SHARDS, segments};
+    use crate::segment_cache::{MAX_SEGMENT_BYTES, SHARDS, segments};
     use proptest::prelude::*;
     use std::sync::atomic::Ordering::Relaxed;
 
@@ -121,11 +121,11 @@ mod tests {
         let b_cost = tok.encoded_bytes.load(Relaxed) - after_a;
         // b re-encodes only its last segment (what follows the last cut in the prefix).
         assert!(
-            b_cost < 2 * SEGMENT_BYTES as u64 + 64,
+            b_cost < 2 * MAX_SEGMENT_BYTES as u64 + 64,
             "{b_cost} of {}",
             b.len()
         );
-        assert!(tok.reused_bytes.load(Relaxed) as usize >= system.len() - 2 * SEGMENT_BYTES);
+        assert!(tok.reused_bytes.load(Relaxed) as usize >= system.len() - 2 * MAX_SEGMENT_BYTES);
     }
 
     #[test]

@@ -307,7 +307,7 @@ mod tests {
         let after_a = cache.encoded_bytes.load(Relaxed);
         assert_eq!(tok.encode(&b, true), tok.encode_whole(&b, true));
         let b_cost = cache.encoded_bytes.load(Relaxed) - after_a;
-        let seg = crate::segment_cache::SEGMENT_BYTES as u64;
+        let seg = crate::segment_cache::MAX_SEGMENT_BYTES as u64;
         assert!(b_cost < 2 * seg + 64, "{b_cost} of {}", b.len());
     }
 

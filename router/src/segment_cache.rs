@@ -5,11 +5,18 @@
 //! why its cuts are safe.
 //!
 //! The cut rule: a segment may end before byte `p` when `p` is a space with an ASCII
-//! letter before and after it. Segments are cut at the first such position at least
-//! [`SEGMENT_BYTES`] after the previous cut, so the cuts depend only on the text before
-//! them: two prompts that share a prefix share every segment that ends inside it. Each
-//! segment's ids are kept under the 128-bit xxh3 of its bytes (a collision among 2^32
-//! segments has probability ≈ 2^-64).
+//! letter before and after it ([`safe_cut`]). Which safe positions are used depends on
+//! the content, not on where the text starts: a segment ends at the first safe position
+//! at least [`SEGMENT_BYTES`] after its start whose preceding 8 bytes hash into a
+//! quarter of the range ([`content_cut`]: about every fourth word), or at the first safe
+//! position past [`MAX_SEGMENT_BYTES`]. Two prompts that share a prefix share every
+//! segment that ends inside it, and a passage that recurs at another offset (a
+//! retrieved document, a system prompt behind a header of another length) shares its
+//! segments from the first content cut inside it on, once both cut sequences meet one
+//! (content-defined chunking's resynchronisation; test
+//! `a_passage_at_another_offset_reuses_its_segments`). Each segment's ids are kept under
+//! the 128-bit xxh3 of its bytes (a collision among 2^32 segments has probability
+//! ≈ 2^-64).
 //!
 //! Cost: a hit costs one xxh3 pass (≈ 10 GB/s) and a copy of its ids; a miss costs the
 //! tokenizer on the segment plus the insert. Memory is bounded: at most
@@ -27,11 +34,15 @@ use std::{
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_128;
 
-/// Minimum bytes per segment: small enough that a prompt's new tail costs at most
-/// about this much tokenizing past what it shares (at 1 KB the tail's BPE was most of a 2 KB
-/// request's routing cost), large enough that a hit (hash, lookup, copy) stays cheap
-/// and the map small (≈ 64 ids per entry).
-pub const SEGMENT_BYTES: usize = 256;
+/// Minimum bytes per segment: small enough that a prompt's new tail costs little
+/// tokenizing past what it shares (at 1 KB the tail's BPE was most of a 2 KB request's
+/// routing cost), large enough that a hit (hash, lookup, copy) stays cheap and the map
+/// small (≈ 60 ids per entry). Segments average ≈ 250 bytes of English.
+pub const SEGMENT_BYTES: usize = 192;
+
+/// A segment ends at the first safe position past this many bytes, whatever its
+/// content (text whose words rarely hash to a cut: periodic or unusual text).
+pub const MAX_SEGMENT_BYTES: usize = 768;
 
 /// Ids held across all segments (16 MiB of `u32`s), per tokenizer.
 pub const MAX_CACHED_TOKENS: usize = 4 << 20;
@@ -151,8 +162,16 @@ pub fn safe_cut(b: &[u8], p: usize) -> bool {
     }
 }
 
-/// The text cut at safe positions at least [`SEGMENT_BYTES`] apart; the pieces
-/// concatenate to the text. Cuts fall on ASCII bytes, so on char boundaries.
+/// Whether the content before a safe position `p ≥ 8` makes it a cut: the 8 bytes before
+/// it, mixed, fall in a quarter of the range.
+pub fn content_cut(b: &[u8], p: usize) -> bool {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[p - 8..p]);
+    u64::from_le_bytes(w).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 62 == 0
+}
+
+/// The text cut at safe positions (see the module docs); the pieces concatenate to the
+/// text. Cuts fall on ASCII bytes, so on char boundaries.
 pub fn segments(text: &str) -> impl Iterator<Item = &str> {
     let b = text.as_bytes();
     let mut start = 0;
@@ -160,8 +179,9 @@ pub fn segments(text: &str) -> impl Iterator<Item = &str> {
         if start >= b.len() {
             return None;
         }
+        let hard = start + MAX_SEGMENT_BYTES;
         let mut p = start + SEGMENT_BYTES;
-        while p < b.len() && !safe_cut(b, p) {
+        while p < b.len() && !(safe_cut(b, p) && (p >= hard || content_cut(b, p))) {
             p += 1;
         }
         let end = p.min(b.len());
@@ -169,4 +189,89 @@ pub fn segments(text: &str) -> impl Iterator<Item = &str> {
         start = end;
         Some(seg)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    /// Non-periodic English-like text: words drawn by a fixed LCG.
+    fn passage(seed: u64, bytes: usize) -> String {
+        let words = [
+            "the",
+            "router",
+            "sends",
+            "each",
+            "request",
+            "where",
+            "its",
+            "objectives",
+            "hold",
+            "with",
+            "headroom",
+            "and",
+            "learns",
+            "from",
+            "what",
+            "engines",
+            "report",
+            "about",
+            "prefill",
+            "decode",
+            "queues",
+            "cache",
+            "blocks",
+            "tokens",
+        ];
+        let (mut x, mut out) = (seed, String::new());
+        while out.len() < bytes {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            out.push_str(words[(x >> 33) as usize % words.len()]);
+            out.push(if (x >> 20) % 11 == 0 { '.' } else { ' ' });
+            if out.ends_with('.') {
+                out.push(' ');
+            }
+        }
+        out
+    }
+
+    /// Ids of a byte-per-token fake tokenizer: the cache's bookkeeping, not BPE's.
+    fn bytes(s: &str) -> Option<Vec<u32>> {
+        Some(s.bytes().map(u32::from).collect())
+    }
+
+    #[test]
+    fn a_passage_at_another_offset_reuses_its_segments() {
+        let cache = SegmentCache::default();
+        let doc = passage(7, 12_000);
+        let a = format!("Context for user one: {doc} What does it say?");
+        let b = format!(
+            "A different and much longer header, for another user entirely: {doc} Summarise."
+        );
+        assert_eq!(cache.encode(&a, bytes), bytes(&a));
+        let before = cache.encoded_bytes.load(Relaxed);
+        assert_eq!(cache.encode(&b, bytes), bytes(&b));
+        let b_cost = cache.encoded_bytes.load(Relaxed) - before;
+        assert!(
+            b_cost < 3 * MAX_SEGMENT_BYTES as u64,
+            "{b_cost} of {} bytes tokenized again",
+            b.len()
+        );
+    }
+
+    #[test]
+    fn segments_stay_within_their_bounds() {
+        let text = passage(3, 50_000);
+        let segs: Vec<&str> = segments(&text).collect();
+        assert_eq!(segs.concat(), text);
+        let body = &segs[..segs.len() - 1];
+        assert!(body.iter().all(|s| s.len() >= SEGMENT_BYTES));
+        // Past the hard bound only as far as the next safe position.
+        assert!(body.iter().all(|s| s.len() < MAX_SEGMENT_BYTES + 64));
+        let mean = text.len() / segs.len();
+        assert!((200..400).contains(&mean), "mean segment {mean} bytes");
+    }
 }
