@@ -11,7 +11,8 @@
 //! before a new block goes in. The limit is the shard's cap less a jitter of up to an
 //! eighth, drawn anew at each drop: shards fill together (hashes spread evenly), and a
 //! drop costs O(cap / shards), so without it all shards dropped in the same request
-//! (one 128k-token prompt of new blocks waited 41 ms at p99 for 32 drops). Bytes per entry: see [`BYTES_PER_ENTRY`].
+//! (one 128k-token prompt of new blocks waited 41 ms at p99 for 32 drops). Bytes per
+//! entry: see [`BYTES_PER_ENTRY`].
 //! Because block hashes are chained, a match on block `i` implies blocks `0..i`.
 //!
 //! Matching a chain that many replicas hold costs one pass over the holders of its last
@@ -246,10 +247,7 @@ fn table_fit(n: usize) -> usize {
 /// Shard `s`'s next limit: `cap` less a jitter in `0..=cap/8` drawn from `(s, draw)`
 /// (a fixed mix, not a random source: simulations stay deterministic).
 fn limit(cap: usize, s: usize, draw: u64) -> usize {
-    let mut z = draw ^ ((s as u64) << 40) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
+    let z = crate::policy::rank::mix64(draw ^ ((s as u64) << 40) ^ 0x9e37_79b9_7f4a_7c15);
     cap - (z % (cap as u64 / 8 + 1)) as usize
 }
 

@@ -99,10 +99,22 @@ impl SegmentCache {
         encode: impl Fn(&str) -> Option<Vec<u32>>,
     ) -> Option<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3);
-        for seg in segments(text) {
-            self.encode_segment(seg, &encode, &mut out)?;
-        }
+        self.encode_into(text, encode, &mut out)?;
         Some(out)
+    }
+
+    /// As [`SegmentCache::encode`], appending to `out` (so a caller can put ids before
+    /// them without a second copy).
+    pub fn encode_into(
+        &self,
+        text: &str,
+        encode: impl Fn(&str) -> Option<Vec<u32>>,
+        out: &mut Vec<u32>,
+    ) -> Option<()> {
+        for seg in segments(text) {
+            self.encode_segment(seg, &encode, out)?;
+        }
+        Some(())
     }
 
     fn encode_segment(

@@ -137,14 +137,15 @@ impl HfTokenizer {
         let Some(seg) = &self.segments else {
             return self.encode_whole(text, special);
         };
-        let body = seg.cache.encode(text, |s| self.encode_whole(s, false))?;
-        if !special {
-            return Some(body);
+        let mut ids = Vec::with_capacity(text.len() / 3 + seg.prefix.len() + seg.suffix.len());
+        if special {
+            ids.extend_from_slice(&seg.prefix);
         }
-        let mut ids = Vec::with_capacity(seg.prefix.len() + body.len() + seg.suffix.len());
-        ids.extend_from_slice(&seg.prefix);
-        ids.extend_from_slice(&body);
-        ids.extend_from_slice(&seg.suffix);
+        seg.cache
+            .encode_into(text, |s| self.encode_whole(s, false), &mut ids)?;
+        if special {
+            ids.extend_from_slice(&seg.suffix);
+        }
         Some(ids)
     }
 

@@ -103,7 +103,7 @@ fn small_top(costs: &[f64], seed: u64, top: usize) -> Vec<usize> {
 
 /// splitmix64's finaliser: a bijection of u64 that scrambles neighbouring inputs.
 #[inline]
-fn mix64(mut z: u64) -> u64 {
+pub(crate) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
