@@ -214,13 +214,18 @@ pub fn remember_prefix(
     target: &RoutedTarget,
     block_tokens: u32,
 ) {
-    let matched = (target.cached_tokens / block_tokens.max(1)) as usize;
     prefix.record(
         replica.prefix_cursor(),
         replica.id(),
         &profile.blocks,
-        matched,
+        matched_blocks(target, block_tokens),
     );
+}
+
+/// Leading blocks of the prompt `target` was presumed to hold (cache hits): a record
+/// touches them and inserts the rest.
+pub fn matched_blocks(target: &RoutedTarget, block_tokens: u32) -> usize {
+    (target.cached_tokens / block_tokens.max(1)) as usize
 }
 
 /// What the engine reported about a request's prompt (usage), where it did.

@@ -8,7 +8,13 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use headroom_core::{admission::Gate, lifecycle::Deferrals, pd::Links};
+use headroom_core::{
+    admission::Gate,
+    decide::RoutedTarget,
+    lifecycle::{self, Deferrals},
+    pd::Links,
+    policy::RequestProfile,
+};
 use headroom_predictor::SharedPredictor;
 
 use super::{Estimates, Outcomes};
@@ -16,7 +22,7 @@ use crate::{
     config::RouterConfig,
     decisions::DecisionRing,
     error::ApiError,
-    fleet::{Fleet, kv_feed::KvFeeds},
+    fleet::{Fleet, Replica, kv_feed::KvFeeds},
     metrics::Metrics,
     policy::Policy,
     prefix::PrefixIndex,
@@ -55,6 +61,9 @@ pub struct RequestPath {
     /// Long prompts are tokenized on the blocking pool, at most this many at once, so a
     /// burst of them neither stalls the async workers nor grows an unbounded queue.
     tokenize_slots: tokio::sync::Semaphore,
+    /// Long prompts' prefix records run on the blocking pool, at most this many at once
+    /// (none free: inline, so that pool's queue stays bounded).
+    record_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// Text prompts at least this long (bytes) are tokenized off the async workers: BPE
@@ -68,6 +77,14 @@ pub const OFFLOAD_TOKENIZE_BYTES: usize = 16 * 1024;
 /// workers at an eighth of the size. Seen segments cost a hash and a copy
 /// ([`crate::segment_cache`]), but which are seen is known only after the lookup.
 pub const OFFLOAD_HF_TOKENIZE_BYTES: usize = 2 * 1024;
+
+/// A placement that sends a replica at least this many blocks new to it is recorded in
+/// the prefix index off the async workers: each new block is a table insert (≈ 0.15 µs,
+/// mostly a cache miss in a table of up to 120 MB), so a 128k-token prompt of new
+/// blocks (≈ 7,600 at 16 tokens) held the worker carrying its stream ≈ 1–2 ms before
+/// the first token went out. 1,024 blocks cost ≈ 0.15 ms inline, about what the hand-off
+/// to the blocking pool and the copy of the block hashes cost together.
+pub const OFFLOAD_RECORD_BLOCKS: usize = 1024;
 
 /// What [`RequestPath::new`] is built from (the assembly in [`super::Node::start`]).
 pub(super) struct Parts {
@@ -103,6 +120,9 @@ impl RequestPath {
             tokenize_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             ),
+            record_slots: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            )),
             cfg,
         }
     }
@@ -188,6 +208,35 @@ impl RequestPath {
                 format!("could not measure the prompt: {e}"),
             )
         })
+    }
+
+    /// Records in the prefix index that `replica` accepted the request (it now holds
+    /// the prompt's blocks, [`lifecycle::remember_prefix`]): inline for a few new
+    /// blocks, on the blocking pool for [`OFFLOAD_RECORD_BLOCKS`] or more while a slot
+    /// is free. The index then learns the prompt a moment after its first token went
+    /// out, instead of before; a request that shares the prompt and arrives in that
+    /// moment is matched as if it came before.
+    pub fn remember_prefix(
+        &self,
+        replica: &Arc<Replica>,
+        profile: &RequestProfile,
+        target: &RoutedTarget,
+    ) {
+        let block = self.cfg.prefix.block_tokens;
+        let matched = lifecycle::matched_blocks(target, block);
+        if profile.blocks.len().saturating_sub(matched) >= OFFLOAD_RECORD_BLOCKS
+            && let Ok(slot) = self.record_slots.clone().try_acquire_owned()
+        {
+            let (prefix, r, blocks) =
+                (self.prefix.clone(), replica.clone(), profile.blocks.clone());
+            // Finite work: the task ends with the record, its slot released with it.
+            drop(tokio::task::spawn_blocking(move || {
+                prefix.record(&r.prefix_cursor, r.id, &blocks, matched);
+                drop(slot);
+            }));
+            return;
+        }
+        lifecycle::remember_prefix(&self.prefix, replica.as_ref(), profile, target, block);
     }
 
     /// The random source of the next decision (ties, sampling, exploration): from

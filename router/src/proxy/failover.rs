@@ -525,13 +525,7 @@ pub async fn resume(
             Ok(Ok(mut resp)) if resp.status().is_success() => {
                 match super::first_frame(&mut resp, &path).await {
                     Ok(first) => {
-                        lifecycle::remember_prefix(
-                            &path.prefix,
-                            r.as_ref(),
-                            &profile,
-                            &target.routed,
-                            path.cfg.prefix.block_tokens,
-                        );
+                        path.remember_prefix(r, &profile, &target.routed);
                         path.outcomes.placed(r, &profile.blocks);
                         let track = Tracking {
                             outcomes: path.outcomes.clone(),

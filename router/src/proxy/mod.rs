@@ -441,13 +441,7 @@ pub(crate) async fn send(
         };
         match outcome {
             Ok((resp, first)) => {
-                lifecycle::remember_prefix(
-                    &path.prefix,
-                    r.as_ref(),
-                    profile,
-                    &target.routed,
-                    path.cfg.prefix.block_tokens,
-                );
+                path.remember_prefix(r, profile, &target.routed);
                 // Peers learn it too, so a repeat through another node finds it here.
                 path.outcomes.placed(r, &profile.blocks);
                 path.kv.sent(

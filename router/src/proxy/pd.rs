@@ -244,13 +244,7 @@ async fn prefill(
                                 cached_tokens: n(&["prompt_tokens_details", "cached_tokens"]),
                             },
                         );
-                        lifecycle::remember_prefix(
-                            &path.prefix,
-                            r.as_ref(),
-                            profile,
-                            &t.routed,
-                            path.cfg.prefix.block_tokens,
-                        );
+                        path.remember_prefix(r, profile, &t.routed);
                         r.health
                             .on_success(Signal::Request, clock::now_ms(), &path.cfg.health);
                         return Ok((i, params));
@@ -358,13 +352,7 @@ pub async fn forward(
                         cached_tokens: 0,
                         ..d.routed.clone()
                     };
-                    lifecycle::remember_prefix(
-                        &path.prefix,
-                        d.replica.as_ref(),
-                        &profile,
-                        &whole,
-                        path.cfg.prefix.block_tokens,
-                    );
+                    path.remember_prefix(&d.replica, &profile, &whole);
                 }
                 let planned = k == 0 && pi == 0;
                 if planned && parsed.stream && out.status().is_success() {
