@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -175,6 +175,7 @@ async fn side(o: &ScaleOptions, routers: usize) -> Result<Side, ChaosError> {
         ),
         _ => None,
     };
+    save_decisions(&cluster, &dir).await;
     let crashed = cluster.crashed();
     cluster.teardown().await;
     let leftovers = cluster.leftovers().len();
@@ -445,6 +446,21 @@ pub fn write(dir: &std::path::Path, r: &ScaleReport) -> Result<(), ChaosError> {
     std::fs::write(dir.join("scale.md"), markdown(r))
         .map_err(|e| ChaosError::io("writing scale.md", e))?;
     Ok(())
+}
+
+/// Each node's recent decision records (`/debug/decisions`, newest first, up to the
+/// ring's size), as `decisions-n<i>.json` beside the nodes' logs: which replicas each
+/// node saw as near-equal, and why, when the mesh's spread differs from the single
+/// node's. Best effort: a node that does not answer leaves no file.
+async fn save_decisions(cluster: &Cluster, dir: &std::path::Path) {
+    for (i, r) in cluster.routers.iter().enumerate() {
+        let url = format!("{}/debug/decisions?limit=100000", r.url());
+        if let Ok(text) =
+            crate::http::get_text(&cluster.client, &url, Duration::from_secs(30)).await
+        {
+            let _ = std::fs::write(dir.join(format!("decisions-n{i}.json")), text);
+        }
+    }
 }
 
 #[cfg(test)]
