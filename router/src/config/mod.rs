@@ -54,7 +54,8 @@ pub struct RouterConfig {
     /// Tenants and their SLO classes; the first tenant named `default` (or a built-in
     /// one) serves requests without a known API key.
     pub tenants: Vec<TenantConfig>,
-    /// Seed for the node's random choices (ties, sampling); 0 = from entropy.
+    /// Seed for the node's random choices (ties, sampling); 0 = from entropy. Mixed
+    /// with the node id, so nodes sharing a config still draw apart.
     pub seed: u64,
     /// Attach the prediction and decision to response headers (`x-headroom-*`).
     pub prediction_headers: bool,
