@@ -404,6 +404,7 @@ fn best_unified(
             ttft_headroom_ms: f64::NEG_INFINITY,
             tpot_headroom_ms: f64::NEG_INFINITY,
             kv_overflow: 0.0,
+            wasted_prefill: 1.0,
         })
 }
 

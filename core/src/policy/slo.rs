@@ -86,7 +86,9 @@ pub struct SloConfig {
     /// Count the TPOT objectives a long prefill would break for requests already
     /// decoding on a replica against placing it there.
     pub interference_guard: bool,
-    /// Probability of choosing uniformly among the feasible (unbiased learning data).
+    /// Probability of choosing uniformly among the feasible (unbiased learning data),
+    /// leaving out placements that would repeat more than [`COLD_TRY_MAX_WASTE`] of a
+    /// prefill another candidate has cached.
     pub explore: f64,
     /// Below this share of candidates whose TTFT model is warm the policy routes by
     /// load instead. Default 1: ranking compares forecasts, and a cold class's are not
@@ -185,6 +187,10 @@ pub struct Eval {
     /// How far past its KV capacity the placement takes the replica, as a share of the
     /// capacity ([`kv_room::overflow`]); 0 with room. Over, the TTFT is judged missed.
     pub kv_overflow: f64,
+    /// Share of the prompt's prefill this placement repeats that the best-cached
+    /// candidate would not (0 at the best cache). Probes and exploration, which place
+    /// for the learning and not for the cost, skip placements that waste much of it.
+    pub wasted_prefill: f64,
 }
 
 /// Judges one prediction against objectives. `tpot_guard_ms` is the tightest TPOT
@@ -224,6 +230,7 @@ pub fn evaluate(
         ttft_headroom_ms: ttft_slo_ms - ttft_bound,
         tpot_headroom_ms: tpot_slo - tpot_bound,
         kv_overflow: 0.0,
+        wasted_prefill: 0.0,
     }
 }
 
@@ -492,7 +499,18 @@ impl SloPolicy {
             return None;
         }
         if tier == Some(0) && ctx.rng.random::<f64>() < self.cfg.explore {
-            return Some(feasible[ctx.rng.random_range(0..feasible.len())]);
+            // Not one that repeats the prefill of a prefix another candidate holds: such
+            // a try costs every request behind it and teaches the model the least (the
+            // real-vLLM suite's repeat of a cached 2,000-token prompt went to the other
+            // server, forecast 35 ms there against 13 ms at home).
+            let learnable: Vec<usize> = feasible
+                .iter()
+                .copied()
+                .filter(|&i| evals[i].wasted_prefill <= COLD_TRY_MAX_WASTE)
+                .collect();
+            if !learnable.is_empty() {
+                return Some(learnable[ctx.rng.random_range(0..learnable.len())]);
+            }
         }
         let best = feasible
             .iter()
@@ -596,6 +614,7 @@ impl SloPolicy {
             best_cached.saturating_sub(c.cached_tokens) as f64 / req.prompt_tokens.max(1) as f64;
         e.cost += self.cfg.cache_weight * wasted;
         e.lateness += self.cfg.cache_weight * wasted;
+        e.wasted_prefill = wasted;
         // A cold replica with nothing on it is safe to try: that is how it warms. Not
         // with a request whose prefix another replica holds: the try would repeat that
         // prefill on unknown hardware (a 2,000-token repeat sent to the slow real-vLLM
@@ -618,26 +637,22 @@ impl SloPolicy {
     /// the idle slow server, forecast 63 ms there against 22 ms at home).
     fn probe(
         &self,
-        req: &RequestProfile,
         cands: &[Candidate<'_>],
         evals: &[Eval],
         allowed: &dyn Fn(usize) -> bool,
         now_s: f64,
-        best_cached: u32,
     ) -> Option<usize> {
         if self.cfg.probe_idle_s <= 0.0 {
             return None;
         }
-        let prompt = req.prompt_tokens.max(1) as f64;
         (0..cands.len())
             // `load().requests` without summing the rest of the load.
             .filter(|&i| {
                 let c = &cands[i];
-                let wasted = best_cached.saturating_sub(c.cached_tokens) as f64 / prompt;
                 evals[i].tier == 0
                     && allowed(i)
                     && c.own.requests + c.peers.requests == 0.0
-                    && wasted <= COLD_TRY_MAX_WASTE
+                    && evals[i].wasted_prefill <= COLD_TRY_MAX_WASTE
             })
             .map(|i| (i, now_s - cands[i].replica.ledger().last_booked_s()))
             .filter(|&(_, idle)| idle >= self.cfg.probe_idle_s)
@@ -760,7 +775,7 @@ impl Policy for SloPolicy {
         // Local first: out of region only when no local candidate meets both objectives
         // and a remote one, its round trip included, does; least-bad stays local.
         let away = |i: usize| !local(i);
-        let probe = self.probe(req, cands, &evals, &home, ctx.now_s, best_cached);
+        let probe = self.probe(cands, &evals, &home, ctx.now_s);
         let mut fit = probe
             .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
             .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
@@ -1630,6 +1645,48 @@ mod tests {
         assert_eq!(first(200, 0.0), 0, "no probes: the cheaper");
         assert_eq!(first(200, 0.5), 1, "the idle replica is probed");
         assert_eq!(first(960, 0.5), 0, "not with a prefix held elsewhere");
+    }
+
+    /// Exploration (a uniform pick among the feasible, for unbiased labels) never sends
+    /// a request away from a prefix another replica holds: the real-vLLM suite's fourth
+    /// repeat of a cached 2,000-token prompt went to the other server that way.
+    #[test]
+    fn exploration_does_not_repeat_a_prefill_held_elsewhere() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        let predictor = warm(&rs);
+        let req = req_1000(5_000.0, Fallback::LeastBad);
+        let policy = SloPolicy::new(
+            predictor.clone(),
+            SloConfig {
+                explore: 1.0,
+                probe_idle_s: 0.0,
+                ..SloConfig::default()
+            },
+        );
+        let picks = |cached: u32| -> [usize; 2] {
+            let cands = [
+                testkit::cand(&rs[0], cached, Load::default()),
+                testkit::cand(&rs[1], 0, Load::default()),
+            ];
+            let mut n = [0; 2];
+            for seed in 0..64 {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+                let mut ctx = DecideCtx {
+                    now_s: 80.0,
+                    rng: &mut rng,
+                    top: usize::MAX,
+                };
+                match policy.decide(&req, &cands, &mut ctx).choice {
+                    Choice::Route(o) => n[o[0]] += 1,
+                    other => panic!("{other:?}"),
+                }
+            }
+            n
+        };
+        assert_eq!(picks(960), [64, 0], "the prefix's home every time");
+        let spread = picks(200);
+        assert!(spread[1] >= 16, "a fifth cached: explored both {spread:?}");
     }
 
     /// Nothing fits: the least bad is among those with KV room, whatever their tier
