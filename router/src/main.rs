@@ -110,6 +110,12 @@ struct ServeArgs {
     /// and every connection share them; long prompts still tokenize on the blocking pool.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     worker_threads: Option<u16>,
+    /// Keep the kernel's transparent huge pages for this process. Off by default (Linux):
+    /// the allocator returns freed memory to the kernel, and every fault in a returned
+    /// 2 MiB region then zeroes a whole huge page; with prompts of 100k tokens that was
+    /// 13% of the router's CPU and its p99 latency (`bench/PROXY_OVERHEAD.md`).
+    #[arg(long)]
+    transparent_huge_pages: bool,
 }
 
 #[derive(Args)]
@@ -257,6 +263,11 @@ async fn serve(cfg: RouterConfig, config_path: Option<PathBuf>) -> anyhow::Resul
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Before the runtime's threads and buffers exist: the setting governs later faults.
+    let thp = match &cli.cmd {
+        Cmd::Serve(a) if !a.transparent_huge_pages => Some(disable_huge_pages()),
+        _ => None,
+    };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
     if let Cmd::Serve(a) = &cli.cmd
@@ -266,16 +277,31 @@ fn main() -> anyhow::Result<()> {
     }
     rt.build()
         .context("cannot start the async runtime")?
-        .block_on(run(cli))
+        .block_on(run(cli, thp))
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Turns transparent huge pages off for this process (see `--transparent-huge-pages`).
+#[cfg(target_os = "linux")]
+fn disable_huge_pages() -> Result<(), String> {
+    rustix::thread::disable_transparent_huge_pages(true).map_err(|e| e.to_string())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn disable_huge_pages() -> Result<(), String> {
+    Ok(())
+}
+
+async fn run(cli: Cli, thp: Option<Result<(), String>>) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Some(Err(e)) = thp {
+        // Not fatal: the router works with huge pages, at a cost in its tail latency.
+        tracing::warn!("could not turn transparent huge pages off for this process: {e}");
+    }
     match cli.cmd {
         Cmd::Serve(a) => {
             let path = a.config.clone();
