@@ -42,11 +42,18 @@ pub fn shape_of_ids(ids: &[u32], block_tokens: usize, max_blocks: usize) -> Prom
     let mut buf = Vec::with_capacity(block_tokens * 4);
     let mut parent = CHAIN_SEED;
     for block in ids.chunks_exact(block_tokens).take(max_blocks) {
-        buf.clear();
-        for t in block {
-            buf.extend_from_slice(&t.to_le_bytes());
-        }
-        parent = xxh3_64_with_seed(&buf, parent);
+        // The ids' little-endian bytes: in memory as they are on little-endian targets
+        // (a copy per block was half of this function's time on a 128k-token prompt).
+        let bytes: &[u8] = if cfg!(target_endian = "little") {
+            zerocopy::IntoBytes::as_bytes(block)
+        } else {
+            buf.clear();
+            for t in block {
+                buf.extend_from_slice(&t.to_le_bytes());
+            }
+            &buf
+        };
+        parent = xxh3_64_with_seed(bytes, parent);
         blocks.push(parent);
     }
     PromptShape {

@@ -193,7 +193,15 @@ pub fn segments(text: &str) -> impl Iterator<Item = &str> {
         }
         let hard = start + MAX_SEGMENT_BYTES;
         let mut p = start + SEGMENT_BYTES;
-        while p < b.len() && !(safe_cut(b, p) && (p >= hard || content_cut(b, p))) {
+        // Only a space can be a safe position: jump from space to space.
+        while p < b.len() {
+            match memchr::memchr(b' ', &b[p..]) {
+                Some(off) => p += off,
+                None => p = b.len(),
+            }
+            if p >= b.len() || (safe_cut(b, p) && (p >= hard || content_cut(b, p))) {
+                break;
+            }
             p += 1;
         }
         let end = p.min(b.len());
@@ -272,6 +280,36 @@ mod tests {
             "{b_cost} of {} bytes tokenized again",
             b.len()
         );
+    }
+
+    #[test]
+    fn cuts_are_those_of_the_byte_by_byte_scan() {
+        // The rule as first written: every position past the minimum is tried.
+        fn scan(text: &str) -> Vec<&str> {
+            let b = text.as_bytes();
+            let (mut out, mut start) = (Vec::new(), 0);
+            while start < b.len() {
+                let hard = start + MAX_SEGMENT_BYTES;
+                let mut p = start + SEGMENT_BYTES;
+                while p < b.len() && !(safe_cut(b, p) && (p >= hard || content_cut(b, p))) {
+                    p += 1;
+                }
+                let end = p.min(b.len());
+                out.push(&text[start..end]);
+                start = end;
+            }
+            out
+        }
+        let mut texts = vec![
+            passage(5, 20_000),
+            "x".repeat(3_000),
+            format!("{} ", passage(6, 1_000)),
+            " ".repeat(900),
+        ];
+        texts.push(texts[0].replace(' ', "  "));
+        for t in &texts {
+            assert_eq!(segments(t).collect::<Vec<_>>(), scan(t));
+        }
     }
 
     #[test]
