@@ -223,7 +223,13 @@ pub fn evaluate(
     Eval {
         tier: 2 - ttft_ok as u8 - tpot_ok as u8,
         p_violate: 1.0 - (1.0 - pt) * (1.0 - pp),
-        cost: p.ttft_ms / ttft_slo_ms.max(1e-9) + p.tpot_ms / tpot_slo.max(1e-9),
+        // Against the request's own TPOT objective, not the guard: the guard decides
+        // whether running streams stay within theirs (`tpot_ok`). Normalised by it, a
+        // loose request's cost on a replica running tight streams was 4× its cost
+        // elsewhere, so tenants segregated: on the real-vLLM pair (2026-12-07 §2) every
+        // `batch` request (TPOT 120 ms) went to the server without `chat` (30 ms), and
+        // `chat` was left one server, the slow one, where its queue built.
+        cost: p.ttft_ms / ttft_slo_ms.max(1e-9) + p.tpot_ms / tpot_slo_ms.max(1e-9),
         lateness: ttft_bound / ttft_slo_ms.max(1e-9) + tpot_bound / tpot_slo.max(1e-9),
         ttft_ok,
         tpot_ok,
@@ -1687,6 +1693,24 @@ mod tests {
         assert_eq!(picks(960), [64, 0], "the prefix's home every time");
         let spread = picks(200);
         assert!(spread[1] >= 16, "a fifth cached: explored both {spread:?}");
+    }
+
+    /// The TPOT guard (the tightest objective running on a replica) decides whether a
+    /// placement fits, not what it costs: a loose request costs the same on a replica
+    /// running tight streams as on one that is not, so tenants do not segregate.
+    #[test]
+    fn the_tpot_guard_judges_fit_and_leaves_the_cost_alone() {
+        let p = pred(40.0, 20.0);
+        let free = evaluate(&p, 5000.0, 120.0, None);
+        let beside_chat = evaluate(&p, 5000.0, 120.0, Some(30.0));
+        let past_chat = evaluate(&p, 5000.0, 120.0, Some(20.0));
+        assert_eq!(free.cost, beside_chat.cost);
+        assert_eq!(free.cost, past_chat.cost);
+        assert!(free.tpot_ok && beside_chat.tpot_ok);
+        assert!(
+            !past_chat.tpot_ok,
+            "a bound of 22 ms breaks the running 20 ms streams"
+        );
     }
 
     /// Nothing fits: the least bad is among those with KV room, whatever their tier
