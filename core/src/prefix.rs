@@ -660,6 +660,13 @@ impl PrefixIndex {
 mod tests {
     use super::*;
 
+    /// A chain of `n` distinct, well-mixed block hashes (block `j` is `j + 1` mixed).
+    fn chain_of(n: u64) -> Vec<u64> {
+        (0..n)
+            .map(|j| (j + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect()
+    }
+
     fn cur(replica: u32, c: &AtomicU64, capacity: u64) -> Cursor {
         Cursor {
             replica,
@@ -760,9 +767,7 @@ mod tests {
     #[test]
     fn long_chains_match_by_bisection_like_the_exact_walk() {
         let idx = PrefixIndex::new(1 << 16);
-        let chain: Vec<u64> = (0..3_000u64)
-            .map(|j| (j + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .collect();
+        let chain = chain_of(3_000);
         let cs: Vec<AtomicU64> = (0..5).map(|_| AtomicU64::new(0)).collect();
         let held = [3_000usize, 2_000, 100, EXACT_HEAD_BLOCKS + 1, 0];
         for (r, &n) in held.iter().enumerate() {
@@ -787,9 +792,7 @@ mod tests {
     fn a_long_record_keeps_the_head_the_checkpoints_and_the_end() {
         let idx = PrefixIndex::new(1 << 16);
         let c = AtomicU64::new(0);
-        let chain: Vec<u64> = (0..7_600u64)
-            .map(|j| (j + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .collect();
+        let chain = chain_of(7_600);
         idx.record(&c, 0, &chain, 0);
         assert_eq!(idx.len(), 128 + (7_600 - 128) / CHECKPOINT_STRIDE);
         // The cursor counts every block sent (the replica computes them all).
@@ -809,9 +812,7 @@ mod tests {
     #[test]
     fn a_match_past_the_head_stops_at_a_recorded_block() {
         let idx = PrefixIndex::new(1 << 16);
-        let chain: Vec<u64> = (0..3_000u64)
-            .map(|j| (j + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .collect();
+        let chain = chain_of(3_000);
         let cs: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
         idx.record(&cs[0], 0, &chain, 0);
         idx.record(&cs[1], 1, &chain[..1_003], 0);
