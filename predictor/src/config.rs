@@ -127,7 +127,9 @@ pub struct PredictorConfig {
     pub warm_min_labels: u64,
     /// Absolute backstop of the gate: entering Warm also needs the recent mean
     /// |log(y/ŷ)| at or below this, and a Warm class (or a replica on its own) whose error
-    /// exceeds 1.5× this goes Cold even if the load baseline is no better.
+    /// exceeds 1.5× this goes Cold even if the load baseline is no better. The class's
+    /// error counts each label at most `class_model::GATE_ERR_CLIP` (1.5), so from 1.0 up
+    /// only entry and the replica's own error are held to it.
     pub warm_max_log_err: f64,
     /// No label for this long makes a replica or class Stale (seconds).
     pub stale_after_s: f64,
