@@ -44,6 +44,9 @@ use crate::snapshot::Snapshot;
 const GUARD_MIN_LABELS: u64 = 5;
 /// Coverage samples before a collapse can mark a replica Stale.
 const COVERAGE_MIN_LABELS: u64 = 20;
+/// A replica is broken apart from its class when its recent |log error| is this multiple
+/// of the class's (and past the absolute backstop).
+const REPLICA_APART: f64 = 1.5;
 /// `OnDrift` TPOT correction: latches on at a drift alarm or once the replica's median
 /// offset |c| is material (≥ LATCH_SET, log units), releases below LATCH_RELEASE.
 const LATCH_SET: f64 = 0.15;
@@ -223,10 +226,13 @@ impl Knobs {
         }
     }
 
+    /// A replica's state: its class's, unless it is silent or its bound collapsed
+    /// (Stale), or its forecasts are broken where its class's are not (Cold).
     pub fn replica_state(
         &self,
         class_state: ModelState,
         rt: &TargetTrack,
+        class_err: &ErrTrack,
         now_s: f64,
     ) -> ModelState {
         if class_state != ModelState::Warm {
@@ -244,9 +250,12 @@ impl Knobs {
             ModelState::Stale
         } else if rt.err.n >= self.warm_min
             && rt.err.log > crate::class_model::BACKSTOP_LEAVE * self.warm_max_log_err
+            && rt.err.log > REPLICA_APART * class_err.log
         {
             // The class gate decides warmth; a replica is cold on its own only when its
-            // forecasts are broken outright (the class is fine, this replica is not).
+            // forecasts are broken outright and the class's are not. Alone in its class
+            // (the real-vLLM pair), its errors are the class's, which the gate has
+            // already judged against the load baseline.
             ModelState::Cold
         } else {
             ModelState::Warm
@@ -275,7 +284,7 @@ impl Knobs {
                 } else {
                     1.0
                 };
-                (mult, self.replica_state(cs, r, now_s))
+                (mult, self.replica_state(cs, r, class_err, now_s))
             }
             None => (1.0, cs),
         };

@@ -307,3 +307,66 @@ fn a_forecast_splits_into_terms_that_sum_to_it() {
         "a full cache shows in the admission-wait term: {wait}"
     );
 }
+
+/// Labels `key` with the synthetic engine's TTFT, every fourth one a stall `stall`×
+/// longer (an engine held off its core: nothing the features see).
+fn label_with_stalls(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64, i: u64) {
+    let eng = Engine::h100();
+    let s = synth::situation(rng, &eng, &Load::moderate());
+    let stall = if i % 4 == 3 { 100.0 } else { 1.0 };
+    l.observe(&Sample {
+        key,
+        obs: s.obs,
+        at_s: at,
+        ttft_ms: Some(stall * synth::ttft(rng, &eng, &s)),
+        tpot_ms: Some(synth::tpot(rng, &eng, &s)),
+        output_tokens: 50,
+        ..Default::default()
+    });
+}
+
+#[test]
+fn a_replica_goes_cold_on_its_own_only_when_broken_apart_from_its_class() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let obs = synth::situation(&mut rng, &Engine::h100(), &Load::moderate()).obs;
+    let mut at = 0.0;
+
+    // Three replicas of one class; then one of them stalls and the others do not.
+    let mut l = Learner::new(PredictorConfig::default());
+    for i in 0..300 {
+        label(&mut l, &mut rng, ReplicaKey::new(i % 3, 1), at);
+        at += 1.0;
+    }
+    for i in 0..240 {
+        let r = i % 3;
+        if r == 2 {
+            label_with_stalls(&mut l, &mut rng, ReplicaKey::new(r, 1), at, i / 3);
+        } else {
+            label(&mut l, &mut rng, ReplicaKey::new(r, 1), at);
+        }
+        at += 1.0;
+    }
+    let snap = l.snapshot(at);
+    assert_eq!(
+        snap.predict(ReplicaKey::new(0, 1), &obs).state,
+        ModelState::Warm
+    );
+    assert_eq!(
+        snap.predict(ReplicaKey::new(2, 1), &obs).ttft_state,
+        ModelState::Cold,
+        "broken where its class is not"
+    );
+
+    // Alone in its class, the same stalls are the class's errors: its gate, which
+    // weighs them against the load baseline that misses them too, keeps it warm.
+    let mut l = Learner::new(PredictorConfig::default());
+    let key = ReplicaKey::new(7, 2);
+    for i in 0..300 {
+        label(&mut l, &mut rng, key, i as f64);
+    }
+    for i in 0..240 {
+        label_with_stalls(&mut l, &mut rng, key, 300.0 + i as f64, i);
+    }
+    let p = l.snapshot(540.0).predict(key, &obs);
+    assert_eq!(p.ttft_state, ModelState::Warm, "{p:?}");
+}
