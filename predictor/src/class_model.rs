@@ -229,9 +229,8 @@ pub(crate) struct ClassTrack {
 /// Labels (since the fit last moved) before the gate decides anything.
 pub const GATE_MIN_LABELS: u64 = 8;
 /// Enter warm when the model's mean |log error| ≤ `WARM_RATIO`·baseline's + `WARM_SLACK`
-/// (or its concordance is `CONC_SLACK` above the baseline's and its error at most
-/// `RANKS_BETTER_MAX_ERR` of it) and its ranking concordance is within `CONC_SLACK` of the
-/// baseline's (or its error is at most `CLEARLY_BETTER` of the baseline's).
+/// and its ranking concordance is within `CONC_SLACK` of the baseline's (or its error is
+/// at most `CLEARLY_BETTER` of the baseline's).
 const WARM_RATIO: f64 = 1.0;
 const WARM_SLACK: f64 = 0.02;
 const CONC_SLACK: f64 = 0.05;
@@ -242,10 +241,6 @@ const CONC_SLACK: f64 = 0.05;
 /// was 0.36 against the baseline's 0.53 in log error, concordance 0.61 against 0.72,
 /// and stayed cold from 22 to 67 labels.
 const CLEARLY_BETTER: f64 = 0.8;
-/// A model whose ranking concordance beats the baseline's by `CONC_SLACK` enters warm
-/// with an error up to this multiple of the baseline's: the router compares candidates
-/// by their order, and the error of a few labels can tie while the order does not.
-const RANKS_BETTER_MAX_ERR: f64 = 1.25;
 /// Leave warm only when clearly worse: error > `COLD_RATIO`·baseline's + `COLD_SLACK`.
 const COLD_RATIO: f64 = 1.5;
 const COLD_SLACK: f64 = 0.05;
@@ -275,8 +270,8 @@ pub(crate) const BACKSTOP_LEAVE: f64 = 1.5;
 /// (each label's clipped at [`GATE_ERR_CLIP`]) and by ranking concordance on consecutive
 /// labels (is `y_t > y_{t−1}` forecast the same way — the comparison a router makes
 /// between candidates). Enter Warm when the model is no worse on both (or clearly more
-/// accurate, whatever the concordance, or clearly better at ranking with an error not
-/// far off) and its bound covers; leave only when it is clearly worse, so a class
+/// accurate, whatever the concordance) and its bound covers; leave only when it is
+/// clearly worse, so a class
 /// does not flap on noise (hysteresis). Errors, concordance and coverage restart when the
 /// fit moves ([`ClassModel::moved`]).
 #[derive(
@@ -386,10 +381,7 @@ impl Gate {
         }
         let conc_known = self.conc_n >= GATE_MIN_LABELS;
         if !self.warm {
-            let better = self.model_err <= WARM_RATIO * self.base_err + WARM_SLACK
-                || (conc_known
-                    && self.model_conc >= self.base_conc + CONC_SLACK
-                    && self.model_err <= RANKS_BETTER_MAX_ERR * self.base_err);
+            let better = self.model_err <= WARM_RATIO * self.base_err + WARM_SLACK;
             let ranks = !conc_known
                 || self.model_conc >= self.base_conc - CONC_SLACK
                 || self.model_err <= CLEARLY_BETTER * self.base_err;
