@@ -11,9 +11,15 @@ use rand_chacha::ChaCha8Rng;
 use support::synth::{self, Engine, Load};
 
 fn label(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64) {
+    label_scaled(l, rng, key, at, 1.0);
+}
+
+/// Labels `key` with the synthetic engine's TTFT × `ttft_scale` (a stall when > 1: an
+/// engine held off its core, nothing the features see).
+fn label_scaled(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64, ttft_scale: f64) {
     let eng = Engine::h100();
     let s = synth::situation(rng, &eng, &Load::moderate());
-    let y = synth::ttft(rng, &eng, &s);
+    let y = ttft_scale * synth::ttft(rng, &eng, &s);
     let z = synth::tpot(rng, &eng, &s);
     l.observe(&Sample {
         key,
@@ -308,21 +314,9 @@ fn a_forecast_splits_into_terms_that_sum_to_it() {
     );
 }
 
-/// Labels `key` with the synthetic engine's TTFT, every fourth one a stall `stall`×
-/// longer (an engine held off its core: nothing the features see).
+/// Every fourth label a stall 100× the engine's TTFT.
 fn label_with_stalls(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64, i: u64) {
-    let eng = Engine::h100();
-    let s = synth::situation(rng, &eng, &Load::moderate());
-    let stall = if i % 4 == 3 { 100.0 } else { 1.0 };
-    l.observe(&Sample {
-        key,
-        obs: s.obs,
-        at_s: at,
-        ttft_ms: Some(stall * synth::ttft(rng, &eng, &s)),
-        tpot_ms: Some(synth::tpot(rng, &eng, &s)),
-        output_tokens: 50,
-        ..Default::default()
-    });
+    label_scaled(l, rng, key, at, if i % 4 == 3 { 100.0 } else { 1.0 });
 }
 
 #[test]
