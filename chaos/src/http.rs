@@ -21,6 +21,19 @@ pub async fn call(
     json: Option<&Value>,
     timeout: Duration,
 ) -> Result<(u16, Bytes), String> {
+    call_with_headers(client, method, url, json, timeout)
+        .await
+        .map(|(status, _, body)| (status, body))
+}
+
+/// [`call`], also returning the response headers.
+pub async fn call_with_headers(
+    client: &HttpClient,
+    method: Method,
+    url: &str,
+    json: Option<&Value>,
+    timeout: Duration,
+) -> Result<(u16, http::HeaderMap, Bytes), String> {
     let uri: Uri = url.parse().map_err(|_| format!("bad URL {url}"))?;
     let body = match json {
         Some(v) => Bytes::from(v.to_string()),
@@ -39,12 +52,13 @@ pub async fn call(
             .await
             .map_err(|e| format!("{url}: {e}"))?;
         let status = resp.status().as_u16();
-        let body = Limited::new(resp.into_body(), MAX_BODY)
+        let (parts, body) = resp.into_parts();
+        let body = Limited::new(body, MAX_BODY)
             .collect()
             .await
             .map_err(|e| format!("{url}: body: {e}"))?
             .to_bytes();
-        Ok((status, body))
+        Ok((status, parts.headers, body))
     };
     tokio::time::timeout(timeout, run)
         .await

@@ -74,6 +74,29 @@ async fn replica_killed_mid_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_restarted_with_an_empty_cache_is_forgotten() {
+    let r = short_run(Scenario::ReplicaRestart, 5.0).await;
+    assert_passed(&r);
+    // The scenario's own checks: the restart counted, the marker's cache forgotten.
+    for name in [
+        "before the crash the router holds the marker cached where it went",
+        "only the restarted replica is counted as restarted",
+    ] {
+        assert!(
+            r.checks.iter().any(|c| c.name == name),
+            "check `{name}` missing"
+        );
+    }
+    assert!(
+        r.checks.iter().any(|c| c
+            .name
+            .starts_with("after the restart the router holds nothing cached")),
+        "the forgetting check is missing"
+    );
+    assert_eq!(r.answered, r.requests, "{:?}", r.outcomes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_stalls_then_recovers() {
     assert_passed(&short_run(Scenario::ReplicaStall, 5.0).await);
 }

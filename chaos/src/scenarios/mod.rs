@@ -13,6 +13,7 @@ mod net_partition;
 mod overload;
 mod replica_errors;
 mod replica_kill;
+mod replica_restart;
 mod replica_slow;
 mod replica_stall;
 mod router_kill;
@@ -28,6 +29,7 @@ pub use common::{FAULTY, REQUEST_DEADLINE, balanced_before};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {
     ReplicaKill,
+    ReplicaRestart,
     ReplicaStall,
     ReplicaSlow,
     ReplicaErrors,
@@ -45,8 +47,9 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 15] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::ReplicaKill,
+        Scenario::ReplicaRestart,
         Scenario::ReplicaStall,
         Scenario::ReplicaSlow,
         Scenario::ReplicaErrors,
@@ -66,6 +69,7 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::ReplicaKill => "replica-kill",
+            Scenario::ReplicaRestart => "replica-restart",
             Scenario::ReplicaStall => "replica-stall",
             Scenario::ReplicaSlow => "replica-slow",
             Scenario::ReplicaErrors => "replica-errors",
@@ -86,6 +90,7 @@ impl Scenario {
     pub fn about(self) -> &'static str {
         match self {
             Scenario::ReplicaKill => replica_kill::ABOUT,
+            Scenario::ReplicaRestart => replica_restart::ABOUT,
             Scenario::ReplicaStall => replica_stall::ABOUT,
             Scenario::ReplicaSlow => replica_slow::ABOUT,
             Scenario::ReplicaErrors => replica_errors::ABOUT,
@@ -111,6 +116,7 @@ impl Scenario {
     pub fn plan(self, o: &RunOptions) -> Plan {
         match self {
             Scenario::ReplicaKill => replica_kill::plan(o),
+            Scenario::ReplicaRestart => replica_restart::plan(o),
             Scenario::ReplicaStall => replica_stall::plan(o),
             Scenario::ReplicaSlow => replica_slow::plan(o),
             Scenario::ReplicaErrors => replica_errors::plan(o),
@@ -131,6 +137,7 @@ impl Scenario {
     pub async fn inject(self, ctx: &mut Ctx<'_>) {
         match self {
             Scenario::ReplicaKill => replica_kill::inject(ctx).await,
+            Scenario::ReplicaRestart => replica_restart::inject(ctx).await,
             Scenario::ReplicaStall => replica_stall::inject(ctx).await,
             Scenario::ReplicaSlow => replica_slow::inject(ctx).await,
             Scenario::ReplicaErrors => replica_errors::inject(ctx).await,
@@ -151,6 +158,7 @@ impl Scenario {
     pub fn checks(self, f: &Finished<'_>) -> Vec<Check> {
         match self {
             Scenario::ReplicaKill => replica_kill::checks(f),
+            Scenario::ReplicaRestart => replica_restart::checks(f),
             Scenario::ReplicaStall => replica_stall::checks(f),
             Scenario::ReplicaSlow => replica_slow::checks(f),
             Scenario::ReplicaErrors => replica_errors::checks(f),
