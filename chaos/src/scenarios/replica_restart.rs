@@ -17,7 +17,7 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::common::{base_plan, failover_checks, streams_cut_at, wait_busy};
+use super::common::{base_plan, failover_checks, streams_cut_at, wait_busy, wait_readmitted};
 use crate::check::Check;
 use crate::http::{call_with_headers, counter_sum, get_json, get_text};
 use crate::scenario::{Ctx, Finished, Plan, RunOptions};
@@ -226,7 +226,9 @@ pub async fn inject(ctx: &mut Ctx<'_>) {
         format!("counted: {counted:?}"),
     ));
 
-    // And hold nothing cached there any more.
+    // And hold nothing cached there any more, once it is a candidate again (the
+    // probes may have ejected it while it was down).
+    wait_readmitted(ctx, &holder).await;
     match send_marker(ctx).await {
         Ok(m) => {
             let after = m.cached_on(&holder);
