@@ -13,7 +13,9 @@
 //!
 //! Ranking: tier (both met, one missed, both missed), then violation probability, then
 //! cost (predicted latency relative to the objectives, which rewards fast hardware and
-//! prefix-cache hits); in a tier that misses, lateness (the effective bounds relative to
+//! prefix-cache hits, plus `cache_weight` × the prefill a prefix miss repeats there —
+//! that replica's TTFT forecast less its forecast with the best-cached prefix held —
+//! over the TTFT objective, both in ms); in a tier that misses, lateness (the effective bounds relative to
 //! the objectives) instead of the violation probability, which is near 1 for all there
 //! ([`within_tier_key`]). The choice is among near-equals — violation probability
 //! within `near_equal` of the best, then cost within `cost_tolerance` of the cheapest —
@@ -80,8 +82,9 @@ pub struct SloConfig {
     pub cost_tolerance: f64,
     /// This node's previous pick stays among the equals up to this extra margin.
     pub hysteresis: f64,
-    /// Cost of a placement per unit of prompt share that must be prefilled (prefix
-    /// misses): rewards replicas that already hold the prompt's prefix.
+    /// Cost of a placement per TTFT objective of prefill it repeats that the
+    /// best-cached replica would not (prefix misses, priced by the replica's own TTFT
+    /// model): rewards replicas that already hold the prompt's prefix.
     pub cache_weight: f64,
     /// Count the TPOT objectives a long prefill would break for requests already
     /// decoding on a replica against placing it there.
@@ -151,7 +154,7 @@ impl Default for SloConfig {
             near_equal: 0.03,
             cost_tolerance: 0.10,
             hysteresis: 0.03,
-            cache_weight: 0.5,
+            cache_weight: 1.0,
             interference_guard: true,
             explore: 0.01,
             min_warm_fraction: 1.0,
@@ -614,12 +617,23 @@ impl SloPolicy {
         }
         // Prefill work this placement repeats that the best-cached one would not: a
         // replica holding the prefix costs less for everyone, not only for this request.
-        // Relative to the best, so equal caches add nothing and the cost tolerance
-        // compares latencies rather than a shared constant.
+        // Priced in time, as this replica's own TTFT model prices those tokens (its
+        // forecast less the forecast with the best-cached prefix held here), relative to
+        // the TTFT objective: a 256-token system prompt missed on a fast server costs
+        // what recomputing it there takes, not a share of the prompt. As a share (0.5 ×
+        // 0.57 for a 450-token chat prompt) it outweighed a 2-3× faster server, and on the
+        // real pair the tenants segregated by where their prefixes first landed.
+        // Relative to the best, so equal caches add nothing.
         let wasted =
             best_cached.saturating_sub(c.cached_tokens) as f64 / req.prompt_tokens.max(1) as f64;
-        e.cost += self.cfg.cache_weight * wasted;
-        e.lateness += self.cfg.cache_weight * wasted;
+        if best_cached > c.cached_tokens && self.cfg.cache_weight > 0.0 {
+            let mut held = features::observation_with(req, c, load);
+            held.cached_tokens = best_cached.min(req.prompt_tokens) as f64;
+            let repeat_ms = (p.ttft_ms - snap.predict_ttft_ms(features::key(c), &held)).max(0.0);
+            let w = self.cfg.cache_weight * repeat_ms / ttft_slo;
+            e.cost += w;
+            e.lateness += w;
+        }
         e.wasted_prefill = wasted;
         // A cold replica with nothing on it is safe to try: that is how it warms. Not
         // with a request whose prefix another replica holds: the try would repeat that
@@ -1562,6 +1576,84 @@ mod tests {
         Arc::new(SharedPredictor::new(l.snapshot(80.0)))
     }
 
+    /// A predictor warm for `rs` whose TTFT is prefill alone: 2 ms plus 0.1 ms per
+    /// uncached prompt token, times `slow[i]` on replica `i`; TPOT 12 ms everywhere.
+    fn prefill_warm(rs: &[crate::view::PlainReplica], slow: &[f64]) -> Arc<SharedPredictor> {
+        use headroom_predictor::{Learner, Observation, PredictorConfig, Sample};
+        let mut l = Learner::new(PredictorConfig::default());
+        for round in 0..80 {
+            for (r, k) in rs.iter().zip(slow) {
+                let prompt = 100.0 + (round % 9) as f64 * 250.0;
+                let cached = ((round % 4) as f64 * 0.25 * prompt / 64.0).floor() * 64.0;
+                l.observe(&Sample {
+                    key: r.key,
+                    obs: Observation {
+                        prompt_tokens: prompt,
+                        cached_tokens: cached,
+                        max_batched_tokens: 8192.0,
+                        ..Default::default()
+                    },
+                    at_s: round as f64,
+                    ttft_ms: Some(k * (2.0 + 0.1 * (prompt - cached))),
+                    tpot_ms: Some(12.0),
+                    output_tokens: 100,
+                    censored: false,
+                    predicted: None,
+                });
+            }
+        }
+        l.tick(80.0);
+        Arc::new(SharedPredictor::new(l.snapshot(80.0)))
+    }
+
+    /// A prefix miss costs what recomputing it takes there, relative to the TTFT
+    /// objective: a chat prompt whose 256-token system prompt sits on a 5× slower
+    /// replica goes to the fast one, which recomputes it in ≈ 26 ms (as a share of the
+    /// prompt, 0.5 × 256/450, the miss outweighed the speed and the tenants segregated
+    /// by where prefixes first landed); a long prompt held on the slow one goes home.
+    #[test]
+    fn a_prefix_miss_costs_the_time_it_takes_to_recompute_it() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        let predictor = prefill_warm(&rs, &[1.0, 5.0]);
+        let chat = |prompt: u32| RequestProfile {
+            slo: super::super::Slo {
+                ttft_ms: 500.0,
+                tpot_ms: 30.0,
+            },
+            ..testkit::req(prompt)
+        };
+        let first = |prompt: u32, cached_on_slow: u32| {
+            let cands = [
+                testkit::cand(&rs[0], 0, Load::default()),
+                testkit::cand(&rs[1], cached_on_slow, Load::default()),
+            ];
+            // No idle probes: both replicas are idle and unused, and a probe is not a
+            // ranking.
+            let cfg = SloConfig {
+                probe_idle_s: 0.0,
+                ..SloConfig::default()
+            };
+            let d = decide_warm(&predictor, cfg, &chat(prompt), &cands);
+            assert_eq!(d.fallback, None, "{d:?}");
+            match d.choice {
+                Choice::Route(o) => o[0],
+                c => panic!("{c:?}"),
+            }
+        };
+        assert_eq!(
+            first(450, 256),
+            0,
+            "the fast replica recomputes the system prompt"
+        );
+        assert_eq!(
+            first(2_000, 1_984),
+            1,
+            "a long prompt held on the slow one goes home"
+        );
+        assert_eq!(first(450, 0), 0, "nothing held anywhere: the fast one");
+    }
+
     /// With `hold` on, a request with seconds of slack waits at the router while every
     /// replica it fits on has a queue, goes to one without a queue when there is one, and
     /// a tight request is placed at once whatever the queues.
@@ -1631,8 +1723,10 @@ mod tests {
             stream: true,
         };
         drop(rs[0].ledger.book(spec, 79.9));
-        let predictor = warm(&rs);
-        let req = req_1000(5_000.0, Fallback::LeastBad);
+        // A model that prices prefill, so that what replica 0 holds makes it cheaper.
+        let predictor = prefill_warm(&rs, &[1.0, 1.0]);
+        // Tight enough that the 20 ms replica 0 saves is worth having.
+        let req = req_1000(300.0, Fallback::LeastBad);
         let first = |cached: u32, probe_idle_s: f64| {
             let cands = [
                 testkit::cand(&rs[0], cached, Load::default()),
