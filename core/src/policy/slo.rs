@@ -1548,53 +1548,51 @@ mod tests {
 
     /// As [`warm`], each TTFT label off by up to ±`noise` (a share, alternating).
     fn warm_with_noise(rs: &[crate::view::PlainReplica], noise: f64) -> Arc<SharedPredictor> {
-        use headroom_predictor::{Learner, Observation, PredictorConfig, Sample};
-        let mut l = Learner::new(PredictorConfig::default());
-        for round in 0..80 {
-            for r in rs {
-                let q = (round % 7) as f64 * 2000.0;
-                l.observe(&Sample {
-                    key: r.key,
-                    obs: Observation {
-                        prompt_tokens: 1000.0,
-                        queued_prefill_tokens: q,
-                        max_batched_tokens: 8192.0,
-                        ..Default::default()
-                    },
-                    at_s: round as f64,
-                    ttft_ms: Some(
-                        (30.0 + q * 0.03) * (1.0 + noise * ((round % 5) as f64 / 2.0 - 1.0)),
-                    ),
-                    tpot_ms: Some(12.0),
-                    output_tokens: 100,
-                    censored: false,
-                    predicted: None,
-                });
-            }
-        }
-        l.tick(80.0);
-        Arc::new(SharedPredictor::new(l.snapshot(80.0)))
+        warm_on(rs, |round, _| {
+            let q = (round % 7) as f64 * 2000.0;
+            let obs = headroom_predictor::Observation {
+                prompt_tokens: 1000.0,
+                queued_prefill_tokens: q,
+                max_batched_tokens: 8192.0,
+                ..Default::default()
+            };
+            let ttft = (30.0 + q * 0.03) * (1.0 + noise * ((round % 5) as f64 / 2.0 - 1.0));
+            (obs, ttft)
+        })
     }
 
     /// A predictor warm for `rs` whose TTFT is prefill alone: 2 ms plus 0.1 ms per
     /// uncached prompt token, times `slow[i]` on replica `i`; TPOT 12 ms everywhere.
     fn prefill_warm(rs: &[crate::view::PlainReplica], slow: &[f64]) -> Arc<SharedPredictor> {
-        use headroom_predictor::{Learner, Observation, PredictorConfig, Sample};
+        warm_on(rs, |round, i| {
+            let prompt = 100.0 + (round % 9) as f64 * 250.0;
+            let cached = ((round % 4) as f64 * 0.25 * prompt / 64.0).floor() * 64.0;
+            let obs = headroom_predictor::Observation {
+                prompt_tokens: prompt,
+                cached_tokens: cached,
+                max_batched_tokens: 8192.0,
+                ..Default::default()
+            };
+            (obs, slow[i] * (2.0 + 0.1 * (prompt - cached)))
+        })
+    }
+
+    /// The snapshot after 80 rounds of labels, one per replica per round: `label(round,
+    /// replica index)` gives the observation and its TTFT; TPOT is 12 ms throughout.
+    fn warm_on(
+        rs: &[crate::view::PlainReplica],
+        label: impl Fn(u32, usize) -> (headroom_predictor::Observation, f64),
+    ) -> Arc<SharedPredictor> {
+        use headroom_predictor::{Learner, PredictorConfig, Sample};
         let mut l = Learner::new(PredictorConfig::default());
-        for round in 0..80 {
-            for (r, k) in rs.iter().zip(slow) {
-                let prompt = 100.0 + (round % 9) as f64 * 250.0;
-                let cached = ((round % 4) as f64 * 0.25 * prompt / 64.0).floor() * 64.0;
+        for round in 0..80u32 {
+            for (i, r) in rs.iter().enumerate() {
+                let (obs, ttft) = label(round, i);
                 l.observe(&Sample {
                     key: r.key,
-                    obs: Observation {
-                        prompt_tokens: prompt,
-                        cached_tokens: cached,
-                        max_batched_tokens: 8192.0,
-                        ..Default::default()
-                    },
-                    at_s: round as f64,
-                    ttft_ms: Some(k * (2.0 + 0.1 * (prompt - cached))),
+                    obs,
+                    at_s: f64::from(round),
+                    ttft_ms: Some(ttft),
                     tpot_ms: Some(12.0),
                     output_tokens: 100,
                     censored: false,
