@@ -194,8 +194,59 @@ pub fn all_features_on(
     (ttft_from(o, &d, p, r), tpot_from(o, &d, r))
 }
 
+/// [`all_features_on`] and, sharing the derived quantities, the TTFT features had
+/// `cached` of the prompt's tokens been cached instead ([`ttft_features_cached`]).
+#[inline(always)]
+pub fn all_features_and_cached_on(
+    o: &Observation,
+    p: &FeatureParams,
+    r: &ReplicaCtx,
+    cached: f64,
+) -> ([f64; TTFT_DIM], [f64; TPOT_DIM], [f64; TTFT_DIM]) {
+    let d = derive(o, p);
+    let xt = ttft_from(o, &d, p, r);
+    let xh = ttft_features_cached(o, &d, &xt, cached, p);
+    (xt, tpot_from(o, &d, r), xh)
+}
+
 #[inline(always)]
 fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) -> [f64; TTFT_DIM] {
+    let wait_ms = admission_wait_steps(o, d, r) * r.step_ms;
+    ttft_from_wait(o, d, o.cached_tokens, p, wait_ms)
+}
+
+/// The TTFT features of a sanitised `o` (derived `d`, TTFT features `x`) had `cached`
+/// of its prompt's tokens been cached instead of `o.cached_tokens` (at most the
+/// prompt): what [`ttft_features_on`] gives for that observation, bit for bit, without
+/// the terms the cache does not move (the admission wait reads the prompt, not its
+/// uncached part). For pricing a prefix miss: the same forecast with the prefix held.
+#[inline(always)]
+pub fn ttft_features_cached(
+    o: &Observation,
+    d: &Derived,
+    x: &[f64; TTFT_DIM],
+    cached: f64,
+    p: &FeatureParams,
+) -> [f64; TTFT_DIM] {
+    let u = (o.prompt_tokens - cached).max(0.0);
+    let held = Derived {
+        n_dec: d.n_dec,
+        work: o.queued_prefill_tokens + u,
+        u,
+        kv_used: d.kv_used,
+    };
+    ttft_from_wait(o, &held, cached, p, x[6])
+}
+
+/// [`ttft_from`] with the admission wait (ms) given and `k` tokens cached.
+#[inline(always)]
+fn ttft_from_wait(
+    o: &Observation,
+    d: &Derived,
+    k: f64,
+    p: &FeatureParams,
+    wait_ms: f64,
+) -> [f64; TTFT_DIM] {
     let budget = if o.max_batched_tokens > 0.0 {
         o.max_batched_tokens
     } else {
@@ -204,7 +255,6 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) ->
     // Decodes take one token of the budget each; prefill gets the rest (at least one token).
     let per_step = (budget - d.n_dec).max(1.0);
     let steps = ceil_pos(d.work / per_step).max(1.0);
-    let k = o.cached_tokens;
     let pairs = o.queued_attention_pairs + d.u * k + 0.5 * d.u * d.u;
     [
         1.0,
@@ -213,7 +263,7 @@ fn ttft_from(o: &Observation, d: &Derived, p: &FeatureParams, r: &ReplicaCtx) ->
         steps * d.n_dec * 1e-3,
         steps * o.decode_context_tokens * 1e-6,
         pairs * 1e-6,
-        admission_wait_steps(o, d, r) * r.step_ms,
+        wait_ms,
         o.step_residual_ms,
         counted_kv_deficit(o, d) * 1e-3,
     ]

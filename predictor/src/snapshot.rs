@@ -13,7 +13,8 @@ use crate::counters::{CounterValues, Counters};
 use crate::fastmap::FastMap;
 use crate::features::{
     DEFAULT_STEP_MS, FeatureParams, GENERIC_TPOT_THETA, GENERIC_TTFT_THETA, ReplicaCtx, TPOT_DIM,
-    TPOT_FEATURE_NAMES, TTFT_DIM, TTFT_FEATURE_NAMES, all_features_on, ttft_features_on,
+    TPOT_FEATURE_NAMES, TTFT_DIM, TTFT_FEATURE_NAMES, all_features_and_cached_on, all_features_on,
+    ttft_features_on,
 };
 use crate::federation::{TARGET_TPOT, TARGET_TTFT};
 use crate::learner::{Knobs, Learner};
@@ -385,8 +386,20 @@ impl Snapshot {
         let d = &self.d;
         let ((xt, xp), r) =
             self.with_clean(obs, |o| (all_features_on(o, &d.fp, &e.ctx), regime(o)));
-        let t = e.ttft.eval(&xt, r, d.floor_ms, d.guard_factor, d.z_hi);
-        let p = e.tpot.eval(&xp, r, d.floor_ms, d.guard_factor, d.z_hi);
+        Self::prediction(e, d, &xt, &xp, r)
+    }
+
+    /// The forecast of entry `e` from its TTFT and TPOT features in regime `r`.
+    #[inline(always)]
+    fn prediction(
+        e: &Entry,
+        d: &SnapshotData,
+        xt: &[f64; TTFT_DIM],
+        xp: &[f64; TPOT_DIM],
+        r: usize,
+    ) -> Prediction {
+        let t = e.ttft.eval(xt, r, d.floor_ms, d.guard_factor, d.z_hi);
+        let p = e.tpot.eval(xp, r, d.floor_ms, d.guard_factor, d.z_hi);
         Prediction {
             ttft_ms: t.mu,
             ttft_upper_ms: t.upper,
@@ -405,6 +418,32 @@ impl Snapshot {
             tpot_guarded: p.guarded,
             ttft_wait_ms: xt[6],
         }
+    }
+
+    /// [`Self::predict`], and the TTFT point forecast had `cached` of the prompt's tokens
+    /// been cached instead: what [`Self::predict_ttft_ms`] says of `obs` with
+    /// `cached_tokens = cached`, bit for bit, sharing the lookup, the sanitising test and
+    /// every term the cache does not move (the admission wait). For pricing a prefix
+    /// miss: the forecast with the best-cached prefix held here.
+    #[inline]
+    pub fn predict_with_cached(
+        &self,
+        key: ReplicaKey,
+        obs: &Observation,
+        cached: f64,
+    ) -> (Prediction, f64) {
+        // Either observation needing the sanitiser would be sanitised on its own.
+        #[allow(clippy::manual_range_contains)]
+        if !obs.is_clean() || !(cached >= 0.0 && cached <= obs.prompt_tokens) {
+            let mut held = *obs;
+            held.cached_tokens = cached;
+            return (self.predict(key, obs), self.predict_ttft_ms(key, &held));
+        }
+        let e = self.entry(key);
+        let d = &self.d;
+        let (xt, xp, xh) = all_features_and_cached_on(obs, &d.fp, &e.ctx, cached);
+        let p = Self::prediction(e, d, &xt, &xp, regime(obs));
+        (p, e.ttft.mean(&xh, d.floor_ms))
     }
 
     /// The TTFT point forecast alone (what `predict(..).ttft_ms` gives, at half the cost):

@@ -510,6 +510,8 @@ const NUMERIC_FIELDS: &[(&str, &str)] = &[
     ("slo", "max_deferred"),
     ("slo", "probe_idle_s"),
     ("slo", "hold"),
+    ("slo", "pack_share"),
+    ("slo", "pack_ratio"),
     ("proxy", "max_body_bytes"),
     ("proxy", "retries"),
     ("proxy", "connect_timeout_ms"),

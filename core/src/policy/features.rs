@@ -46,3 +46,17 @@ pub fn observation_with(req: &RequestProfile, c: &Candidate<'_>, load: &Load) ->
         step_residual_ms: load.step_residual_s * 1e3,
     }
 }
+
+/// The observation for `req` on `c` had `c` nothing else to do and `cached` of the
+/// prompt's tokens cached: what its hardware alone makes of the request, for comparing
+/// replicas' speed apart from their queues and caches.
+pub fn idle_observation(req: &RequestProfile, c: &Candidate<'_>, cached: u32) -> Observation {
+    Observation {
+        prompt_tokens: req.prompt_tokens as f64,
+        cached_tokens: cached.min(req.prompt_tokens) as f64,
+        expected_output_tokens: req.expected_output_tokens as f64,
+        kv_capacity_tokens: c.kv_capacity_tokens.unwrap_or(0) as f64,
+        max_batched_tokens: c.replica.max_batched_tokens().unwrap_or(0) as f64,
+        ..Observation::default()
+    }
+}

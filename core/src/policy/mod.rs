@@ -9,6 +9,7 @@ pub mod baselines;
 pub mod candidates;
 pub mod features;
 pub mod kv_room;
+pub mod pack;
 pub mod peers;
 pub mod rank;
 pub mod registry;

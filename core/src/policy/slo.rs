@@ -60,14 +60,15 @@ use std::sync::{
 };
 
 use headroom_predictor::{
-    ModelState, Prediction, SharedPredictor, Snapshot, TAIL_SATURATES, lognormal_tail, memo,
+    ModelState, Observation, Prediction, SharedPredictor, Snapshot, TAIL_SATURATES, lognormal_tail,
+    memo,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::{
     Candidate, Choice, DecideCtx, Decision, Fallback, Load, NoFit, Policy, RequestProfile,
-    baselines::TokenLoad, features, kv_room, rank,
+    baselines::TokenLoad, features, kv_room, pack, rank,
 };
 use crate::region;
 
@@ -146,6 +147,14 @@ pub struct SloConfig {
     /// real-vLLM pair at 7 req/s (`bench/results/real-vllm/2026-12-06` §3) refusing
     /// every one turned away chat requests bound at 506-611 ms against 500 ms.
     pub reject_above: f64,
+    /// Slack packing ([`pack`]): a request whose TTFT objective is at least
+    /// `pack_ratio` × the tightest this node placed in the last minute goes, among the
+    /// placements that fit it with its TTFT bound at most this share of its objective,
+    /// to the one nearest that limit. 0 disables.
+    pub pack_share: f64,
+    /// How many times the tightest recent TTFT objective makes a request loose enough
+    /// to pack (at least 1).
+    pub pack_ratio: f64,
 }
 
 impl Default for SloConfig {
@@ -166,6 +175,8 @@ impl Default for SloConfig {
             hold: 0.0,
             shed_queue_age: 1.0,
             reject_above: 0.5,
+            pack_share: 0.0,
+            pack_ratio: 4.0,
         }
     }
 }
@@ -478,6 +489,8 @@ pub struct SloPolicy {
     last: AtomicU32,
     /// That pick's candidate index in its decision: where it is looked for first.
     last_index: AtomicUsize,
+    /// The tightest TTFT objective decided lately, for slack packing.
+    tightest: pack::Tightest,
 }
 
 impl SloPolicy {
@@ -487,6 +500,7 @@ impl SloPolicy {
             cfg,
             last: AtomicU32::new(0),
             last_index: AtomicUsize::new(0),
+            tightest: pack::Tightest::default(),
         }
     }
 
@@ -575,9 +589,11 @@ impl SloPolicy {
 }
 
 impl SloPolicy {
-    /// How candidate `c` with forecast `p` (engine-side) and load `load` fares against
-    /// the request's objectives, its round trip `rtt` (remote only) taken from the TTFT
-    /// objective; `best_cached` is the most any candidate holds of the prompt.
+    /// How candidate `c` with observation `obs`, forecast `p` (engine-side) and load
+    /// `load` fares against the request's objectives, its round trip `rtt` (remote only)
+    /// taken from the TTFT objective; `best_cached` is the most any candidate holds of
+    /// the prompt, and `held_ttft_ms` the TTFT forecast here had that much been cached
+    /// (`Some` where `c` holds less and the miss is priced).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn judge(
@@ -585,10 +601,12 @@ impl SloPolicy {
         snap: &Snapshot,
         req: &RequestProfile,
         c: &Candidate<'_>,
+        obs: &Observation,
         p: &Prediction,
         load: &Load,
         rtt: Option<f64>,
         best_cached: u32,
+        held_ttft_ms: Option<f64>,
     ) -> Eval {
         // The engine must answer within the objective less the round trip.
         let ttft_slo = (req.slo.ttft_ms - rtt.unwrap_or(0.0)).max(1e-6);
@@ -600,7 +618,7 @@ impl SloPolicy {
             && load.decoding_requests >= 1.0
             && uncached_tokens >= INTERFERENCE_MIN_TOKENS
         {
-            let mut alone = features::observation_with(req, c, load);
+            let mut alone = *obs;
             alone.queued_prefill_tokens = 0.0;
             alone.queued_requests = 0.0;
             alone.queued_attention_pairs = 0.0;
@@ -626,10 +644,8 @@ impl SloPolicy {
         // Relative to the best, so equal caches add nothing.
         let wasted =
             best_cached.saturating_sub(c.cached_tokens) as f64 / req.prompt_tokens.max(1) as f64;
-        if best_cached > c.cached_tokens && self.cfg.cache_weight > 0.0 {
-            let mut held = features::observation_with(req, c, load);
-            held.cached_tokens = best_cached.min(req.prompt_tokens) as f64;
-            let repeat_ms = (p.ttft_ms - snap.predict_ttft_ms(features::key(c), &held)).max(0.0);
+        if let Some(held_ms) = held_ttft_ms {
+            let repeat_ms = (p.ttft_ms - held_ms).max(0.0);
             let w = self.cfg.cache_weight * repeat_ms / ttft_slo;
             e.cost += w;
             e.lateness += w;
@@ -647,6 +663,37 @@ impl SloPolicy {
             judge_kv_room(&mut e, kv_room::overflow(req, c, load));
         }
         e
+    }
+
+    /// Slack packing ([`pack`]): for a loose request, the usual pick among the roomy
+    /// `allowed` candidates on the slowest hardware; `None` when none is roomy.
+    #[allow(clippy::too_many_arguments)]
+    fn pack(
+        &self,
+        snap: &Snapshot,
+        req: &RequestProfile,
+        cands: &[Candidate<'_>],
+        evals: &[Eval],
+        best_cached: u32,
+        allowed: &dyn Fn(usize) -> bool,
+        ctx: &mut DecideCtx<'_>,
+    ) -> Option<usize> {
+        let roomy = pack::roomy(evals, req.slo.ttft_ms, self.cfg.pack_share, allowed);
+        let idle_ms: Vec<f64> = roomy
+            .iter()
+            .map(|&i| {
+                let c = &cands[i];
+                snap.predict_ttft_ms(
+                    features::key(c),
+                    &features::idle_observation(req, c, best_cached),
+                )
+            })
+            .collect();
+        let mut keep = vec![false; cands.len()];
+        for i in pack::slowest(&roomy, &idle_ms, self.cfg.cost_tolerance) {
+            keep[i] = true;
+        }
+        self.pick(cands, evals, Some(0), &|i| keep[i], ctx)
     }
 
     /// An idle, long-unused candidate predicted to meet both objectives (see
@@ -697,6 +744,12 @@ impl Policy for SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Decision {
         let snap = self.predictor.load();
+        let loose = self.cfg.pack_share > 0.0
+            && pack::loose(
+                req.slo.ttft_ms,
+                self.tightest.observe(req.slo.ttft_ms, ctx.now_s),
+                self.cfg.pack_ratio,
+            );
         // One pass per candidate: its round trip, the engine-side forecast and its
         // evaluation, with the candidate's load summed once for both. Evaluating before
         // the warmth test below wastes the evaluations only when the home region is
@@ -713,8 +766,17 @@ impl Policy for SloPolicy {
         for c in cands {
             let load = c.load();
             let rtt = c.replica.remote_rtt_ms();
-            let p = snap.predict(features::key(c), &features::observation_with(req, c, &load));
-            let e = self.judge(&snap, req, c, &p, &load, rtt, best_cached);
+            let obs = features::observation_with(req, c, &load);
+            // A miss is priced by the forecast with the best-cached prefix held here,
+            // made in the same pass as this one ([`Snapshot::predict_with_cached`]).
+            let (p, held_ms) = if best_cached > c.cached_tokens && self.cfg.cache_weight > 0.0 {
+                let held = best_cached.min(req.prompt_tokens) as f64;
+                let (p, h) = snap.predict_with_cached(features::key(c), &obs, held);
+                (p, Some(h))
+            } else {
+                (snap.predict(features::key(c), &obs), None)
+            };
+            let e = self.judge(&snap, req, c, &obs, &p, &load, rtt, best_cached, held_ms);
             keys.push(order_key(&e));
             evals.push(e);
             preds.push(p);
@@ -797,6 +859,11 @@ impl Policy for SloPolicy {
         let away = |i: usize| !local(i);
         let probe = self.probe(cands, &evals, &home, ctx.now_s);
         let mut fit = probe
+            .or_else(|| {
+                loose
+                    .then(|| self.pack(&snap, req, cands, &evals, best_cached, &home, ctx))
+                    .flatten()
+            })
             .or_else(|| self.pick(cands, &evals, Some(0), &home, ctx))
             .or_else(|| self.pick(cands, &evals, Some(0), &away, ctx));
         // Slack: with every replica it fits on busy, a request that can wait does, so
@@ -1650,6 +1717,79 @@ mod tests {
             "a long prompt held on the slow one goes home"
         );
         assert_eq!(first(450, 0), 0, "nothing held anywhere: the fast one");
+    }
+
+    /// With packing on, a request with seconds of slack goes to the slower replica while
+    /// its bound there is within the share, once a tight request has been seen, and the
+    /// tight ones keep the fast replica; before any tight request, or with packing off,
+    /// every request goes to the fast one.
+    #[test]
+    fn a_loose_request_leaves_the_fast_replica_to_the_tight_ones() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        // 2 + 0.1 ms per uncached token; the second replica 5× slower.
+        let predictor = prefill_warm(&rs, &[1.0, 5.0]);
+        let request = |ttft_ms: f64, prompt: u32| RequestProfile {
+            slo: super::super::Slo {
+                ttft_ms,
+                tpot_ms: 100.0,
+            },
+            ..testkit::req(prompt)
+        };
+        let cands = [
+            testkit::cand(&rs[0], 0, Load::default()),
+            testkit::cand(&rs[1], 0, Load::default()),
+        ];
+        let policy = |pack_share: f64| {
+            SloPolicy::new(
+                predictor.clone(),
+                SloConfig {
+                    explore: 0.0,
+                    probe_idle_s: 0.0,
+                    pack_share,
+                    ..SloConfig::default()
+                },
+            )
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let mut first = |p: &SloPolicy, req: &RequestProfile, now_s: f64| {
+            let mut ctx = DecideCtx {
+                now_s,
+                rng: &mut rng,
+                top: usize::MAX,
+            };
+            let d = p.decide(req, &cands, &mut ctx);
+            assert_eq!(d.fallback, None, "{d:?}");
+            match d.choice {
+                Choice::Route(o) => o[0],
+                c => panic!("{c:?}"),
+            }
+        };
+        let packed = policy(0.5);
+        assert_eq!(
+            first(&packed, &request(5_000.0, 1_000), 1.0),
+            0,
+            "nothing tight seen"
+        );
+        assert_eq!(
+            first(&packed, &request(500.0, 450), 2.0),
+            0,
+            "tight: the fast one"
+        );
+        // Forecast ≈ 510 ms on the slow one, its bound well within half of 5 s.
+        assert_eq!(
+            first(&packed, &request(5_000.0, 1_000), 3.0),
+            1,
+            "loose: the slow one"
+        );
+        // One the slow one would serve past half its objective stays on the fast one:
+        // 8,000 tokens there ≈ 4 s.
+        assert_eq!(first(&packed, &request(5_000.0, 8_000), 4.0), 0);
+        // Not loose beside 500 ms at the default ratio of 4.
+        assert_eq!(first(&packed, &request(1_500.0, 1_000), 5.0), 0);
+        let unpacked = policy(0.0);
+        assert_eq!(first(&unpacked, &request(500.0, 450), 2.0), 0);
+        assert_eq!(first(&unpacked, &request(5_000.0, 1_000), 3.0), 0);
     }
 
     /// With `hold` on, a request with seconds of slack waits at the router while every

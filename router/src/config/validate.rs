@@ -314,6 +314,8 @@ fn policies(cfg: &RouterConfig, p: &mut Problems) {
     p.range("slo.hold", s.hold, 0.0, 1.0);
     p.range("slo.shed_queue_age", s.shed_queue_age, 0.0, 100.0);
     p.range("slo.reject_above", s.reject_above, 0.0, 1.0);
+    p.range("slo.pack_share", s.pack_share, 0.0, 1.0);
+    p.range("slo.pack_ratio", s.pack_ratio, 1.0, 1e6);
     if s.probe_idle_s > MAX_MS as f64 / 1e3 {
         p.push("slo.probe_idle_s", "must be at most one day");
     }
