@@ -434,7 +434,8 @@ impl Snapshot {
     ) -> (Prediction, f64) {
         // Either observation needing the sanitiser would be sanitised on its own.
         #[allow(clippy::manual_range_contains)]
-        if !obs.is_clean() || !(cached >= 0.0 && cached <= obs.prompt_tokens) {
+        let clean = obs.is_clean() && cached >= 0.0 && cached <= obs.prompt_tokens;
+        if !clean {
             let mut held = *obs;
             held.cached_tokens = cached;
             return (self.predict(key, obs), self.predict_ttft_ms(key, &held));

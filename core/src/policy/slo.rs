@@ -150,7 +150,10 @@ pub struct SloConfig {
     /// Slack packing ([`pack`]): a request whose TTFT objective is at least
     /// `pack_ratio` × the tightest this node placed in the last minute goes, among the
     /// placements that fit it with its TTFT bound at most this share of its objective,
-    /// to the one nearest that limit. 0 disables.
+    /// to the slowest hardware among them. 0 disables. Off by default: on the real pair
+    /// at 9 req/s it moved `batch` to the slow server and `chat` to the fast one as
+    /// meant, and met −0.2 to +0.2 points of packing off (shares 0.2 and 0.5, four
+    /// seeds each, `bench/results/real-vllm/2026-12-07` §7).
     pub pack_share: f64,
     /// How many times the tightest recent TTFT objective makes a request loose enough
     /// to pack (at least 1).
