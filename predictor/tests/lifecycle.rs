@@ -17,19 +17,9 @@ fn label(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64) {
 /// Labels `key` with the synthetic engine's TTFT × `ttft_scale` (a stall when > 1: an
 /// engine held off its core, nothing the features see).
 fn label_scaled(l: &mut Learner, rng: &mut ChaCha8Rng, key: ReplicaKey, at: f64, ttft_scale: f64) {
-    let eng = Engine::h100();
-    let s = synth::situation(rng, &eng, &Load::moderate());
-    let y = ttft_scale * synth::ttft(rng, &eng, &s);
-    let z = synth::tpot(rng, &eng, &s);
-    l.observe(&Sample {
-        key,
-        obs: s.obs,
-        at_s: at,
-        ttft_ms: Some(y),
-        tpot_ms: Some(z),
-        output_tokens: 50,
-        ..Default::default()
-    });
+    let mut sample = synth::sample(rng, &Engine::h100(), &Load::moderate(), key, at);
+    sample.ttft_ms = sample.ttft_ms.map(|y| y * ttft_scale);
+    l.observe(&sample);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod support;
 
-use headroom_predictor::{Learner, PredictorConfig, ReplicaKey, Sample};
+use headroom_predictor::{Learner, PredictorConfig, ReplicaKey};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use support::synth::{self, Engine, Load};
@@ -28,18 +28,13 @@ fn the_forecast_with_a_prefix_held_is_the_forecast_of_that_observation() {
     let key = ReplicaKey::new(3, 1);
     // Warm, with a measured step time and non-trivial coefficients.
     for i in 0..400 {
-        let s = synth::situation(&mut rng, &eng, &Load::moderate());
-        let y = synth::ttft(&mut rng, &eng, &s);
-        let z = synth::tpot(&mut rng, &eng, &s);
-        l.observe(&Sample {
+        l.observe(&synth::sample(
+            &mut rng,
+            &eng,
+            &Load::moderate(),
             key,
-            obs: s.obs,
-            at_s: i as f64 * 0.1,
-            ttft_ms: Some(y),
-            tpot_ms: Some(z),
-            output_tokens: 50,
-            ..Default::default()
-        });
+            i as f64 * 0.1,
+        ));
     }
     let snap = l.snapshot(40.0);
     let mut waits = 0;

@@ -6,7 +6,7 @@
 //! every step carries lognormal noise — so a fit is an approximation, as in reality.
 #![allow(dead_code)]
 
-use headroom_predictor::Observation;
+use headroom_predictor::{Observation, ReplicaKey, Sample};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp, LogNormal, Poisson};
@@ -304,4 +304,21 @@ pub fn tpot(rng: &mut ChaCha8Rng, e: &Engine, s: &Situation) -> f64 {
 /// Multiply by lognormal noise of log-s.d. `sigma` (unpredictable per-request variation).
 pub fn noisy(rng: &mut ChaCha8Rng, y: f64, sigma: f64) -> f64 {
     y * LogNormal::new(0.0, sigma).map_or(1.0, |d| d.sample(rng))
+}
+
+/// One label of engine `e` under load `l` for `key` at `at_s`: a fresh situation, its
+/// simulated TTFT and TPOT, 50 output tokens.
+pub fn sample(rng: &mut ChaCha8Rng, e: &Engine, l: &Load, key: ReplicaKey, at_s: f64) -> Sample {
+    let s = situation(rng, e, l);
+    let ttft_ms = ttft(rng, e, &s);
+    let tpot_ms = tpot(rng, e, &s);
+    Sample {
+        key,
+        obs: s.obs,
+        at_s,
+        ttft_ms: Some(ttft_ms),
+        tpot_ms: Some(tpot_ms),
+        output_tokens: 50,
+        ..Default::default()
+    }
 }
