@@ -27,10 +27,32 @@
 //! the slow server 150–192 per run against 94–127 without), the attainment does not
 //! move (+0.2 points at share 0.5, −0.2 at 0.2): the `chat` that spills to the slow
 //! server finds its queue of `batch`. Off by default (`slo.pack_share = 0`).
+//!
+//! `slo.pack_by = "load"` takes, among the roomy placements, the one with the fewest
+//! outstanding tokens ([`PackBy::Load`], `token-load`'s order) instead of the slowest
+//! hardware. Why: over 13 same-run pairs at 9 req/s, `slo` sent the fast server 57.7% of
+//! the prompt tokens against `token-load`'s 54.7% (12 of 13 pairs), mostly `batch` that
+//! its cost (own latency against the objective) put on the fast hardware, and `chat`
+//! queued behind it (`bench/results/real-vllm/2026-12-07` §9).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use serde::{Deserialize, Serialize};
+
 use super::slo::{COLD_TRY_MAX_WASTE, Eval};
+
+/// Which roomy placement a packed request takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PackBy {
+    /// The slowest hardware (the rule above).
+    #[default]
+    Slowest,
+    /// The fewest outstanding tokens, `token-load`'s order: a loose request gains
+    /// nothing from the fastest replica, and the fewest outstanding tokens leaves every
+    /// queue as short as the loose work allows for the tight requests that follow.
+    Load,
+}
 
 /// How long (s) the tightest objective seen stays the reference once no request that
 /// tight has come.

@@ -150,7 +150,7 @@ pub struct SloConfig {
     /// Slack packing ([`pack`]): a request whose TTFT objective is at least
     /// `pack_ratio` × the tightest this node placed in the last minute goes, among the
     /// placements that fit it with its TTFT bound at most this share of its objective,
-    /// to the slowest hardware among them. 0 disables. Off by default: on the real pair
+    /// to the slowest hardware among them (or by load, `pack_by`). 0 disables. Off by default: on the real pair
     /// at 9 req/s it moved `batch` to the slow server and `chat` to the fast one as
     /// meant, and met −0.2 to +0.2 points of packing off (shares 0.2 and 0.5, four
     /// seeds each, `bench/results/real-vllm/2026-12-07` §7).
@@ -158,6 +158,10 @@ pub struct SloConfig {
     /// How many times the tightest recent TTFT objective makes a request loose enough
     /// to pack (at least 1).
     pub pack_ratio: f64,
+    /// Which of the roomy placements a packed request takes ([`pack::PackBy`]): the
+    /// slowest hardware (`"slowest"`, the default) or the fewest outstanding tokens, as
+    /// `token-load` places (`"load"`).
+    pub pack_by: pack::PackBy,
 }
 
 impl Default for SloConfig {
@@ -180,6 +184,7 @@ impl Default for SloConfig {
             reject_above: 0.5,
             pack_share: 0.0,
             pack_ratio: 4.0,
+            pack_by: pack::PackBy::Slowest,
         }
     }
 }
@@ -682,6 +687,19 @@ impl SloPolicy {
         ctx: &mut DecideCtx<'_>,
     ) -> Option<usize> {
         let roomy = pack::roomy(evals, req.slo.ttft_ms, self.cfg.pack_share, allowed);
+        if self.cfg.pack_by == pack::PackBy::Load {
+            let mut keep = vec![false; cands.len()];
+            for &i in &roomy {
+                keep[i] = true;
+            }
+            if roomy.is_empty() {
+                return None;
+            }
+            return match region::decide_within(&TokenLoad, req, cands, ctx, &|i| keep[i]).choice {
+                Choice::Route(order) => order.first().copied(),
+                _ => None,
+            };
+        }
         let idle_ms: Vec<f64> = roomy
             .iter()
             .map(|&i| {
@@ -1793,6 +1811,69 @@ mod tests {
         let unpacked = policy(0.0);
         assert_eq!(first(&unpacked, &request(500.0, 450), 2.0), 0);
         assert_eq!(first(&unpacked, &request(5_000.0, 1_000), 3.0), 0);
+    }
+
+    /// With `pack_by = "load"`, a loose request takes the roomy replica with the fewer
+    /// outstanding tokens, fast or slow, where the slowest-hardware rule takes the slow
+    /// one whatever its load; a tight request still goes by its forecast.
+    #[test]
+    fn packing_by_load_takes_the_fewer_outstanding_tokens() {
+        use crate::policy::peers::testkit;
+        let rs = testkit::replicas(2);
+        // 2 + 0.1 ms per uncached token; the second replica 5× slower.
+        let predictor = prefill_warm(&rs, &[1.0, 5.0]);
+        let request = |ttft_ms: f64| RequestProfile {
+            slo: super::super::Slo {
+                ttft_ms,
+                tpot_ms: 100.0,
+            },
+            ..testkit::req(1_000)
+        };
+        let remaining = |t: f64| Load {
+            decode_remaining_tokens: t,
+            ..Load::default()
+        };
+        let policy = |pack_by| {
+            SloPolicy::new(
+                predictor.clone(),
+                SloConfig {
+                    explore: 0.0,
+                    probe_idle_s: 0.0,
+                    pack_share: 0.5,
+                    pack_by,
+                    ..SloConfig::default()
+                },
+            )
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut first = |p: &SloPolicy, req: &RequestProfile, cands: &[Candidate<'_>], now_s| {
+            let mut ctx = DecideCtx {
+                now_s,
+                rng: &mut rng,
+                top: usize::MAX,
+            };
+            match p.decide(req, cands, &mut ctx).choice {
+                Choice::Route(o) => o[0],
+                c => panic!("{c:?}"),
+            }
+        };
+        let slow_busier = [
+            testkit::cand(&rs[0], 0, remaining(1_000.0)),
+            testkit::cand(&rs[1], 0, remaining(3_000.0)),
+        ];
+        let fast_busier = [
+            testkit::cand(&rs[0], 0, remaining(3_000.0)),
+            testkit::cand(&rs[1], 0, remaining(1_000.0)),
+        ];
+        let (by_load, slowest) = (policy(pack::PackBy::Load), policy(pack::PackBy::Slowest));
+        for p in [&by_load, &slowest] {
+            // A tight request first, so that 5 s is loose beside it; it goes by forecast.
+            assert_eq!(first(p, &request(500.0), &fast_busier, 1.0), 0);
+        }
+        assert_eq!(first(&by_load, &request(5_000.0), &slow_busier, 2.0), 0);
+        assert_eq!(first(&by_load, &request(5_000.0), &fast_busier, 3.0), 1);
+        assert_eq!(first(&slowest, &request(5_000.0), &slow_busier, 2.0), 1);
+        assert_eq!(first(&slowest, &request(5_000.0), &fast_busier, 3.0), 1);
     }
 
     /// With `hold` on, a request with seconds of slack waits at the router while every
