@@ -16,7 +16,8 @@ use crate::{
     explain::{CandidateNote, EngineQueue, Explanation},
     policy::{
         CandidateError, Choice, DecideCtx, NoFit, Policy, RequestProfile, build_candidates,
-        candidates::CandidateParams, features,
+        candidates::{CandidateParams, build_shortlisted},
+        features,
     },
     prefix::PrefixIndex,
     region,
@@ -107,7 +108,14 @@ fn route_inner<R: ReplicaView>(
     explain: bool,
 ) -> Result<Routed, CandidateError> {
     let started = Instant::now();
-    let cands = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
+    let (cands, eligible) = match inp.policy.shortlist() {
+        Some(s) => build_shortlisted(profile, inp.replicas, inp.prefix, inp.params, now_s, s, rng)?,
+        None => {
+            let c = build_candidates(profile, inp.replicas, inp.prefix, inp.params, now_s)?;
+            let n = c.len();
+            (c, n)
+        }
+    };
     // Only the targets are read, unless every candidate's rank is explained.
     let top = if explain {
         usize::MAX
@@ -207,7 +215,10 @@ fn route_inner<R: ReplicaView>(
                 rank: rank[i],
             })
             .collect();
-        Box::new(Explanation { candidates })
+        Box::new(Explanation {
+            candidates,
+            eligible,
+        })
     });
     Ok(Routed {
         verdict,

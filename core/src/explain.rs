@@ -50,8 +50,11 @@ pub struct EngineQueue {
     pub preemption_rate: f64,
 }
 
-/// Every candidate of one decision, in candidate order.
+/// Every candidate the policy evaluated in one decision, in candidate order.
 #[derive(Clone, Debug, Default)]
 pub struct Explanation {
     pub candidates: Vec<CandidateNote>,
+    /// Eligible candidates before the policy's shortlist
+    /// ([`crate::policy::shortlist`]): more than `candidates.len()` when it dropped some.
+    pub eligible: usize,
 }

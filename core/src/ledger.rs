@@ -207,6 +207,17 @@ impl Ledger {
         }
     }
 
+    /// The two terms of `load(now_s).outstanding_tokens()` (prefill still queued, decode
+    /// still expected), computed as `load` computes them but without the rest of the
+    /// load (no inflow decay `exp`): what a shortlist ranks a large fleet by.
+    pub fn outstanding(&self, now_s: f64) -> (f64, f64) {
+        let done = self.head_view().progress(now_s);
+        (
+            (f(&self.queued_prefill_tokens) - done.tokens).max(0.0),
+            f(&self.decode_remaining_tokens),
+        )
+    }
+
     fn head_view(&self) -> HeadView {
         let g = |i: usize| f64::from_bits(self.head[i].load(Relaxed));
         HeadView {
@@ -476,6 +487,31 @@ mod tests {
         assert_eq!(l.load(3.5).queue_age_s, 2.5);
         drop(b);
         assert_eq!(l.load(4.0).queue_age_s, 0.0);
+    }
+
+    /// The shortlist's cheap read is the full load's, term for term, as the head of
+    /// the queue is served.
+    #[test]
+    fn outstanding_is_the_loads_outstanding_tokens() {
+        let l = Ledger::new();
+        let mut a = l.book(spec(4000, 500, 300), 0.0);
+        let _b = l.book(spec(2000, 0, 100), 0.1);
+        for t in [0.0, 0.05, 0.2, 0.7, 3.0] {
+            let load = l.load(t);
+            let (q, d) = l.outstanding(t);
+            assert_eq!(
+                (q, d),
+                (load.queued_prefill_tokens, load.decode_remaining_tokens)
+            );
+            assert_eq!(q + d, load.outstanding_tokens());
+        }
+        a.first_token(0.4);
+        let (q, d) = l.outstanding(0.5);
+        assert_eq!((q, d), {
+            let load = l.load(0.5);
+            (load.queued_prefill_tokens, load.decode_remaining_tokens)
+        });
+        assert!(d > 0.0, "decoding after its first token");
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! `tail` run, so that callgrind can count one size's instructions in reasonable time;
 //! `DECISION_TAIL_DIGEST=1` prints a digest of every decision made (targets, forecasts,
 //! labels), to check that a change to the decision code left its decisions as they were.
+//! `DECISION_TAIL_SHORTLIST=k` sets `slo.shortlist` (0: every candidate forecast, the
+//! full evaluation), so both can be timed side by side from one binary.
 //! `prefix/*` times matching a 131k-token conversation turn (bisection past the exact
 //! head against the block-by-block walk).
 //! Run: `cargo bench -p headroom --bench decision`.
@@ -253,17 +255,18 @@ fn tail(_c: &mut Criterion) {
         .unwrap_or(20_000);
     for n in sizes {
         let setup = Setup::new(n, &req);
-        let pol = policy::build(
-            PolicyName::Slo,
-            setup.predictor.clone(),
-            &Default::default(),
-        );
+        let mut settings = policy::PolicySettings::default();
+        if let Some(k) = env("DECISION_TAIL_SHORTLIST").and_then(|k| k.parse().ok()) {
+            settings.slo.shortlist = k;
+        }
+        let pol = policy::build(PolicyName::Slo, setup.predictor.clone(), &settings);
         let inputs = setup.inputs(pol.as_ref());
         let mut rng = SmallRng::seed_from_u64(2);
         let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
         let digest = env("DECISION_TAIL_DIGEST").is_some_and(|d| d == "1");
         let mut sum = std::hash::DefaultHasher::new();
         let warm_up = decisions / 10;
+        let mut fallbacks = std::collections::BTreeMap::new();
         for i in 0..decisions + warm_up {
             let t = std::time::Instant::now();
             let r = route(&inputs, &req, 1.0, &mut rng).expect("routable");
@@ -272,6 +275,11 @@ fn tail(_c: &mut Criterion) {
                 use std::hash::Hash;
                 format!("{:?} {:?} {:?}", r.verdict, r.targets, r.fallback).hash(&mut sum);
             }
+            if i >= warm_up {
+                *fallbacks
+                    .entry(r.fallback.unwrap_or("none"))
+                    .or_insert(0u64) += 1;
+            }
             std::hint::black_box(r);
             // The first tenth (2,000 by default) warms caches and the allocator.
             if i >= warm_up {
@@ -279,13 +287,15 @@ fn tail(_c: &mut Criterion) {
             }
         }
         println!(
-            "decision/tail/route/slo/{n}: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs ({} decisions)",
+            "decision/tail/route/slo/{n}: p50 {:.1} µs, p90 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs ({} decisions)",
             h.value_at_quantile(0.5) as f64 / 1e3,
+            h.value_at_quantile(0.9) as f64 / 1e3,
             h.value_at_quantile(0.99) as f64 / 1e3,
             h.value_at_quantile(0.999) as f64 / 1e3,
             h.max() as f64 / 1e3,
             h.len()
         );
+        println!("decision/tail/route/slo/{n}: fallbacks {fallbacks:?}");
         if digest {
             use std::hash::Hasher;
             println!("decision/tail/route/slo/{n}: digest {:016x}", sum.finish());

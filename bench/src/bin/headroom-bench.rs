@@ -202,6 +202,10 @@ struct SimArgs {
     /// instead of the router's approximate prefix index.
     #[arg(long)]
     precise_prefix: bool,
+    /// `slo.shortlist`: on fleets with more eligible replicas than this, the `slo`
+    /// policy forecasts only this many (0: every one).
+    #[arg(long, default_value_t = headroom_core::policy::slo::SloConfig::default().shortlist)]
+    slo_shortlist: usize,
     /// `A/B=MS`: round trip between regions A and B of the fleet (`profile:n@region`).
     /// Repeatable; pairs without one get `--default-rtt-ms`.
     #[arg(long = "rtt-ms")]
@@ -360,6 +364,10 @@ fn sim(a: SimArgs) -> anyhow::Result<()> {
         seed: a.seed,
         rate_scale: a.rate_scale,
         precise_prefix: a.precise_prefix,
+        slo: headroom_core::policy::slo::SloConfig {
+            shortlist: a.slo_shortlist,
+            ..Default::default()
+        },
         regions,
         dark,
         ..SimConfig::default()

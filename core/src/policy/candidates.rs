@@ -3,7 +3,10 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{Candidate, RequestProfile};
+use super::{
+    Candidate, RequestProfile,
+    shortlist::{self, Entry, Shortlist},
+};
 use crate::{
     prefix::{Cursor, PrefixIndex},
     scraped::Scraped,
@@ -47,18 +50,50 @@ pub fn build_candidates<'a, R: ReplicaView>(
     params: CandidateParams,
     now_s: f64,
 ) -> Result<Vec<Candidate<'a>>, CandidateError> {
-    let both = build_candidates_where(req, replicas, prefix, params, now_s, |r| {
-        r.role() == Role::Both
-    });
-    match both {
+    build_unified(req, replicas, prefix, params, now_s, None).map(|(c, _)| c)
+}
+
+/// [`build_candidates`], keeping only the policy's [`Shortlist`] of them when more are
+/// eligible ([`super::shortlist`]); also says how many were eligible. The rows of the
+/// dropped candidates are never built: ranking them needs only their outstanding
+/// tokens and prefix match, and at 1,024 replicas the full rows (≈ 390 bytes each,
+/// the ledger's whole load with its decay `exp`) were half the decision. The kept rows
+/// are exactly [`build_candidates`]'s.
+pub fn build_shortlisted<'a, R: ReplicaView>(
+    req: &RequestProfile,
+    replicas: &'a [R],
+    prefix: &PrefixIndex,
+    params: CandidateParams,
+    now_s: f64,
+    s: Shortlist,
+    rng: &mut dyn rand::RngCore,
+) -> Result<(Vec<Candidate<'a>>, usize), CandidateError> {
+    build_unified(req, replicas, prefix, params, now_s, Some((s, rng)))
+}
+
+fn build_unified<'a, R: ReplicaView>(
+    req: &RequestProfile,
+    replicas: &'a [R],
+    prefix: &PrefixIndex,
+    params: CandidateParams,
+    now_s: f64,
+    mut shortlist: Option<(Shortlist, &mut dyn rand::RngCore)>,
+) -> Result<(Vec<Candidate<'a>>, usize), CandidateError> {
+    let both = eligible(req, replicas, |r| r.role() == Role::Both);
+    let idx = match both {
         Err(e) if replicas.iter().any(|r| r.role() == Role::Decode) => {
-            build_candidates_where(req, replicas, prefix, params, now_s, |r| {
-                r.role().serves_unified()
-            })
-            .map_err(|_| e)
+            eligible(req, replicas, |r| r.role().serves_unified()).map_err(|_| e)?
         }
-        other => other,
-    }
+        other => other?,
+    };
+    let n = idx.len();
+    let rows = match shortlist.as_mut() {
+        Some((s, rng)) if n > s.size.max(1) => {
+            shortlisted(req, replicas, &idx, prefix, params, now_s, *s, &mut **rng)
+        }
+        _ => rows(req, replicas, &idx, prefix, params, now_s),
+    };
+    Ok((rows, n))
 }
 
 /// The eligible candidates of one role for a disaggregated request's stage.
@@ -70,18 +105,87 @@ pub fn build_role_candidates<'a, R: ReplicaView>(
     now_s: f64,
     role: Role,
 ) -> Result<Vec<Candidate<'a>>, CandidateError> {
-    build_candidates_where(req, replicas, prefix, params, now_s, |r| r.role() == role)
+    let idx = eligible(req, replicas, |r| r.role() == role)?;
+    Ok(rows(req, replicas, &idx, prefix, params, now_s))
 }
 
-/// Candidates among the replicas `keep` admits; the others do not count as serving.
-fn build_candidates_where<'a, R: ReplicaView>(
+/// Full rows for the replicas at `idx`, with their prefix matches.
+fn rows<'a, R: ReplicaView>(
     req: &RequestProfile,
     replicas: &'a [R],
+    idx: &[usize],
     prefix: &PrefixIndex,
     params: CandidateParams,
     now_s: f64,
+) -> Vec<Candidate<'a>> {
+    let mut out = Vec::with_capacity(idx.len());
+    for &i in idx {
+        out.push(candidate(&replicas[i], i, params, now_s));
+    }
+    fill_prefix_matches(req, &mut out, prefix, params.block_tokens);
+    out
+}
+
+/// The shortlist of the replicas at `idx` (more than its size), ranked from light
+/// reads, and the full rows of those kept.
+#[allow(clippy::too_many_arguments)]
+fn shortlisted<'a, R: ReplicaView>(
+    req: &RequestProfile,
+    replicas: &'a [R],
+    idx: &[usize],
+    prefix: &PrefixIndex,
+    params: CandidateParams,
+    now_s: f64,
+    s: Shortlist,
+    rng: &mut dyn rand::RngCore,
+) -> Vec<Candidate<'a>> {
+    let mut holders = Vec::with_capacity(idx.len());
+    let mut entries = Vec::with_capacity(idx.len());
+    for &i in idx {
+        let r = &replicas[i];
+        let scraped = r.scraped();
+        let fresh = scraped
+            .as_ref()
+            .filter(|sc| (now_s - sc.at_s).max(0.0) <= params.stale_after_s);
+        holders.push(Holder::of(
+            r,
+            scraped.as_ref().and_then(Scraped::kv_capacity_tokens),
+            fresh,
+            params.block_tokens,
+        ));
+        // As `Candidate::load().outstanding_tokens()` sums them: own plus peers' per term.
+        let (oq, od) = r.ledger().outstanding(now_s);
+        let peer = r.peer_load().load;
+        entries.push(Entry {
+            id: r.id(),
+            outstanding: (oq + peer.queued_prefill_tokens) + (od + peer.decode_remaining_tokens),
+            cached: 0,
+            group: (r.predictor_key().class, r.remote_rtt_ms().is_none()),
+        });
+    }
+    let cached = cached_tokens(req, &holders, prefix, params.block_tokens);
+    for (e, c) in entries.iter_mut().zip(&cached) {
+        e.cached = *c;
+    }
+    let kept = shortlist::choose(req, &entries, s, rng);
+    idx.iter()
+        .zip(kept)
+        .zip(cached)
+        .filter(|((_, k), _)| *k)
+        .map(|((&i, _), c)| Candidate {
+            cached_tokens: c,
+            ..candidate(&replicas[i], i, params, now_s)
+        })
+        .collect()
+}
+
+/// Indices of the replicas `keep` admits that can take `req` (model or adapter,
+/// context length, routable); the others do not count as serving.
+fn eligible<R: ReplicaView>(
+    req: &RequestProfile,
+    replicas: &[R],
     keep: impl Fn(&R) -> bool,
-) -> Result<Vec<Candidate<'a>>, CandidateError> {
+) -> Result<Vec<usize>, CandidateError> {
     let mut serving = 0usize;
     // Replicas whose `/v1/models` never answered might serve the model: until every
     // list is known an absent model is "not yet", a retryable 503, never a 404.
@@ -123,14 +227,10 @@ fn build_candidates_where<'a, R: ReplicaView>(
         if !r.routable() {
             continue;
         }
-        out.push(candidate(r, index, params, now_s));
+        out.push(index);
     }
     if out.is_empty() {
-        out.extend(
-            short_fit
-                .into_iter()
-                .map(|i| candidate(&replicas[i], i, params, now_s)),
-        );
+        out = short_fit;
     }
     if serving == 0 {
         if unknown_lists > 0 {
@@ -148,7 +248,6 @@ fn build_candidates_where<'a, R: ReplicaView>(
         }
         return Err(CandidateError::NoHealthy(req.model.clone()));
     }
-    fill_prefix_matches(req, &mut out, prefix, params.block_tokens);
     Ok(out)
 }
 
@@ -181,6 +280,38 @@ fn candidate<R: ReplicaView>(
     }
 }
 
+/// What the prefix match needs of one replica.
+struct Holder {
+    id: u32,
+    seq: u64,
+    /// KV capacity in router blocks (`u64::MAX` unknown).
+    capacity: u64,
+    /// The engine's own cache block (tokens; 1 unknown), from a fresh scrape.
+    engine_block: u32,
+}
+
+impl Holder {
+    /// `kv_capacity_tokens` from the last scrape however old; `fresh` the scrape where
+    /// recent enough to use.
+    fn of(
+        r: &(impl ReplicaView + ?Sized),
+        kv_capacity_tokens: Option<u64>,
+        fresh: Option<&Scraped>,
+        block_tokens: u32,
+    ) -> Self {
+        Self {
+            id: r.id(),
+            seq: r.prefix_cursor().load(Relaxed),
+            capacity: kv_capacity_tokens
+                .map_or(u64::MAX, |t| (t / block_tokens.max(1) as u64).max(1)),
+            engine_block: fresh
+                .and_then(|s| s.block_size)
+                .filter(|b| *b > 0)
+                .unwrap_or(1),
+        }
+    }
+}
+
 /// Sets each candidate's `cached_tokens` from the prefix index, then from the
 /// engine's own KV events where the host has them (`req.exact_cached`).
 pub fn fill_prefix_matches(
@@ -189,56 +320,71 @@ pub fn fill_prefix_matches(
     prefix: &PrefixIndex,
     block_tokens: u32,
 ) {
-    estimate_prefix_matches(req, cands, prefix, block_tokens);
-    if req.exact_cached.is_empty() {
-        return;
-    }
-    for c in cands.iter_mut() {
-        let id = c.replica.id();
-        if let Some(e) = req.exact_cached.iter().find(|e| e.replica == id) {
-            c.cached_tokens = if e.complete {
-                e.tokens
-            } else {
-                e.tokens.max(c.cached_tokens)
-            };
-        }
+    let holders: Vec<Holder> = cands
+        .iter()
+        .map(|c| {
+            Holder::of(
+                c.replica,
+                c.kv_capacity_tokens,
+                c.scraped.as_ref(),
+                block_tokens,
+            )
+        })
+        .collect();
+    let counts = cached_tokens(req, &holders, prefix, block_tokens);
+    for (c, n) in cands.iter_mut().zip(counts) {
+        c.cached_tokens = n;
     }
 }
 
-/// The prefix index's estimate of each candidate's `cached_tokens`.
-fn estimate_prefix_matches(
+/// Each holder's cached tokens for `req`: the prefix index's estimate, then the
+/// engine's KV events where known.
+fn cached_tokens(
     req: &RequestProfile,
-    cands: &mut [Candidate<'_>],
+    holders: &[Holder],
     prefix: &PrefixIndex,
     block_tokens: u32,
-) {
-    if req.blocks.is_empty() || cands.is_empty() {
-        return;
+) -> Vec<u32> {
+    let mut counts = estimate_prefix_matches(req, holders, prefix, block_tokens);
+    for (h, n) in holders.iter().zip(counts.iter_mut()) {
+        if let Some(e) = req.exact_cached.iter().find(|e| e.replica == h.id) {
+            *n = if e.complete {
+                e.tokens
+            } else {
+                e.tokens.max(*n)
+            };
+        }
     }
-    let cursors: Vec<Cursor> = cands
+    counts
+}
+
+/// The prefix index's estimate of each holder's cached tokens.
+fn estimate_prefix_matches(
+    req: &RequestProfile,
+    holders: &[Holder],
+    prefix: &PrefixIndex,
+    block_tokens: u32,
+) -> Vec<u32> {
+    let mut matched = vec![0u32; holders.len()];
+    if req.blocks.is_empty() || holders.is_empty() {
+        return matched;
+    }
+    let cursors: Vec<Cursor> = holders
         .iter()
-        .map(|c| Cursor {
-            replica: c.replica.id(),
-            seq: c.replica.prefix_cursor().load(Relaxed),
-            capacity: c
-                .kv_capacity_tokens
-                .map_or(u64::MAX, |t| (t / block_tokens.max(1) as u64).max(1)),
+        .map(|h| Cursor {
+            replica: h.id,
+            seq: h.seq,
+            capacity: h.capacity,
         })
         .collect();
-    let mut matched = vec![0u32; cands.len()];
     prefix.match_lengths(&req.blocks, &cursors, &mut matched);
-    for (c, m) in cands.iter_mut().zip(matched) {
+    for (h, m) in holders.iter().zip(matched.iter_mut()) {
         // vLLM always computes at least one prompt token, and caches whole blocks of its
         // own size (read from its `cache_config_info`), which may be larger than ours.
         let cached = (m.saturating_mul(block_tokens)).min(req.prompt_tokens.saturating_sub(1));
-        let engine_block = c
-            .scraped
-            .as_ref()
-            .and_then(|s| s.block_size)
-            .filter(|b| *b > 0)
-            .unwrap_or(1);
-        c.cached_tokens = cached / engine_block * engine_block;
+        *m = cached / h.engine_block * h.engine_block;
     }
+    matched
 }
 
 #[cfg(test)]
@@ -371,6 +517,106 @@ mod tests {
         assert!(
             matches!(err, CandidateError::ContextTooLong { max: 4096, .. }),
             "{err}"
+        );
+    }
+
+    /// The shortlisted build keeps the rows the full build followed by the shortlist
+    /// keeps, identical, and draws the same random numbers: building only the kept
+    /// rows changes the cost of a decision, not the decision.
+    #[test]
+    fn the_shortlisted_build_is_the_full_build_then_the_shortlist() {
+        use crate::{ledger::BookingSpec, policy::shortlist, view::PeerLoad};
+        use rand::{Rng, SeedableRng, rngs::SmallRng};
+        let mut rs = testkit::replicas(40);
+        let mut bookings = Vec::new();
+        for (i, r) in rs.iter_mut().enumerate() {
+            serving_len(r, 32_768);
+            r.key.class = (i % 3) as u64;
+            r.remote_rtt_ms = (i % 7 == 0).then_some(40.0);
+            r.scraped = (i % 5 != 0).then(|| testkit::scraped(1.0, 2.0, 0.3));
+            r.peer_load = PeerLoad {
+                load: Load {
+                    queued_prefill_tokens: (i * 37 % 11) as f64 * 100.0,
+                    decode_remaining_tokens: (i % 4) as f64 * 50.0,
+                    ..Load::default()
+                },
+                updated_s: 0.5,
+            };
+            for k in 0..(i % 3) {
+                bookings.push(r.ledger.book(
+                    BookingSpec {
+                        prompt_tokens: 500 + 300 * k as u32,
+                        cached_tokens: 0,
+                        expected_output_tokens: 100,
+                        tpot_slo_ms: None,
+                        expected_ttft_s: None,
+                        stream: true,
+                    },
+                    0.0,
+                ));
+            }
+        }
+        let mut req = testkit::req(2048);
+        req.blocks = (1..=128).collect();
+        let prefix = PrefixIndex::new(1 << 12);
+        for r in rs.iter().step_by(3) {
+            prefix.record(
+                &r.prefix_cursor,
+                r.id,
+                &req.blocks[..(r.id as usize % 64)],
+                0,
+            );
+        }
+        req.exact_cached = vec![crate::policy::ExactCached {
+            replica: 4,
+            tokens: 1024,
+            complete: true,
+        }];
+        for seed in 0..20 {
+            let s = shortlist::Shortlist {
+                size: 8,
+                keep: Some(seed as u32),
+            };
+            let mut a = SmallRng::seed_from_u64(seed);
+            let mut b = SmallRng::seed_from_u64(seed);
+            let full = build_candidates(&req, &rs, &prefix, params(), 1.0).unwrap();
+            let want = shortlist::select(&req, full, s, &mut a);
+            let (got, eligible) =
+                build_shortlisted(&req, &rs, &prefix, params(), 1.0, s, &mut b).unwrap();
+            assert_eq!(eligible, 40);
+            assert_eq!(got.len(), 8);
+            let row = |c: &Candidate<'_>| {
+                (
+                    c.index,
+                    c.cached_tokens,
+                    format!("{:?} {:?} {:?}", c.own, c.peers, c.scraped),
+                    c.kv_capacity_tokens,
+                )
+            };
+            assert_eq!(
+                got.iter().map(row).collect::<Vec<_>>(),
+                want.iter().map(row).collect::<Vec<_>>()
+            );
+            assert_eq!(a.random::<u64>(), b.random::<u64>(), "same draws");
+        }
+        assert!(
+            build_shortlisted(
+                &req,
+                &rs,
+                &prefix,
+                params(),
+                1.0,
+                shortlist::Shortlist {
+                    size: 8,
+                    keep: None
+                },
+                &mut SmallRng::seed_from_u64(1)
+            )
+            .unwrap()
+            .0
+            .iter()
+            .any(|c| c.cached_tokens > 0),
+            "the largest prefix holders are kept"
         );
     }
 

@@ -13,6 +13,7 @@ pub mod pack;
 pub mod peers;
 pub mod rank;
 pub mod registry;
+pub mod shortlist;
 pub mod slo;
 
 use headroom_predictor::Prediction;
@@ -193,6 +194,11 @@ pub trait Policy: Send + Sync {
     /// while there is one.
     fn regional(&self) -> bool {
         false
+    }
+    /// How many of a large fleet's candidates the policy evaluates ([`shortlist`]);
+    /// `None`: all of them.
+    fn shortlist(&self) -> Option<shortlist::Shortlist> {
+        None
     }
     /// Ranks `cands` (never empty) for `req`.
     fn decide(

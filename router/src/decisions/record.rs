@@ -170,6 +170,9 @@ pub struct Decided {
     /// How many times the request was deferred before this decision.
     pub deferrals: u32,
     pub decision_us: f64,
+    /// Eligible replicas before the policy's shortlist; `candidates` lists the ones it
+    /// evaluated (fewer on a fleet larger than `slo.shortlist`).
+    pub eligible_candidates: usize,
     pub candidates: Vec<CandidateRecord>,
 }
 
@@ -237,6 +240,7 @@ impl Decided {
             fallback: routed.fallback,
             deferrals: 0,
             decision_us: routed.decision_ns as f64 / 1e3,
+            eligible_candidates: routed.explain.as_deref().map_or(0, |e| e.eligible),
             candidates,
         }
     }
