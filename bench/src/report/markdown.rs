@@ -176,7 +176,7 @@ pub(crate) fn render(report: &Report, plots: &[String]) -> String {
             f(s.load.cv_mean, 3),
             f(s.load.cv_p95, 3),
             range,
-            pct(s.fallback_share),
+            fallbacks(s),
         );
     }
 
@@ -273,4 +273,17 @@ pub(crate) fn render(report: &Report, plots: &[String]) -> String {
         }
     }
     md
+}
+
+/// The fallback share, and by label where there is more than nothing.
+fn fallbacks(s: &super::summary::RunSummary) -> String {
+    if s.fallback_by.is_empty() {
+        return pct(s.fallback_share);
+    }
+    let by: Vec<String> = s
+        .fallback_by
+        .iter()
+        .map(|(k, v)| format!("{} {}", esc(k), pct(*v)))
+        .collect();
+    format!("{} ({})", pct(s.fallback_share), by.join(", "))
 }

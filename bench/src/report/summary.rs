@@ -83,6 +83,9 @@ pub struct RunSummary {
     pub rejected_share: f64,
     /// Requests where the policy fell back (nothing fitted).
     pub fallback_share: f64,
+    /// That share by the fallback's label (`cold-model`, `no-fit`, `deferred`, …).
+    #[serde(default)]
+    pub fallback_by: BTreeMap<String, f64>,
     pub cache_hit_share: f64,
     /// Served requests that ran disaggregated (prefill on one replica, decode on
     /// another); 0 on a unified fleet.
@@ -184,6 +187,14 @@ impl RunSummary {
             load: load_balance(run),
             rejected_share: share(recs.iter().filter(|r| r.rejected).count(), n),
             fallback_share: share(recs.iter().filter(|r| r.fallback.is_some()).count(), n),
+            fallback_by: {
+                let mut by: BTreeMap<String, f64> = BTreeMap::new();
+                for label in recs.iter().filter_map(|r| r.fallback.as_deref()) {
+                    *by.entry(label.to_string()).or_default() += 1.0;
+                }
+                by.values_mut().for_each(|v| *v = share(*v as usize, n));
+                by
+            },
             cache_hit_share: if input == 0 {
                 0.0
             } else {

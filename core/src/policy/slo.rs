@@ -883,7 +883,7 @@ impl Policy for SloPolicy {
             }
             to_seen(&mut preds);
             d.predictions = preds;
-            d.fallback = Some("cold-model");
+            d.fallback = Some(COLD_MODEL);
             return d;
         }
         to_seen(&mut preds);
@@ -988,7 +988,7 @@ impl Policy for SloPolicy {
                     choice,
                     predictions: preds,
                     evals,
-                    fallback: Some("no-fit"),
+                    fallback: Some(NO_FIT),
                 }
             }
         }
@@ -1019,6 +1019,13 @@ pub fn retry_after_s(best: &Prediction, ttft_objective_ms: f64) -> f64 {
 
 /// Label of a decision that holds a request with slack at the router.
 pub const HOLD: &str = "hold";
+
+/// The fallback label of a decision made by load while the home region's TTFT model
+/// is cold (`min_warm_fraction`).
+pub const COLD_MODEL: &str = "cold-model";
+
+/// The fallback label of a decision where no candidate fits both objectives.
+pub const NO_FIT: &str = "no-fit";
 
 /// Fallback label of a refusal by [`standing_queue`].
 pub const STANDING_QUEUE: &str = "standing-queue";
@@ -1703,6 +1710,97 @@ mod tests {
         }
         l.tick(80.0);
         Arc::new(SharedPredictor::new(l.snapshot(80.0)))
+    }
+
+    /// A shortlist that finds no fit is not the last word: the decision is made again
+    /// over every eligible replica, so a tenant that prefers refusal is refused only
+    /// when nothing in the fleet fits. Five idle replicas 20× slower than a sixth, busy
+    /// one: the shortlist of two keeps two slow ones, and the fast one still fits.
+    #[test]
+    fn a_shortlist_without_a_fit_decides_again_over_every_replica() {
+        use crate::{
+            decide::{RouteInputs, Verdict, route},
+            ledger::BookingSpec,
+            policy::{
+                candidates::{CandidateParams, build_shortlisted},
+                peers::testkit,
+                shortlist::Shortlist,
+            },
+            prefix::PrefixIndex,
+            view::{ModelEntry, ServedModels},
+        };
+        let mut rs = testkit::replicas(6);
+        for r in &mut rs {
+            r.routable = true;
+            r.models = ServedModels {
+                models: vec![ModelEntry {
+                    id: "m".into(),
+                    parent: None,
+                    max_model_len: Some(32_768),
+                }],
+                known: true,
+            };
+        }
+        // 1,000 uncached tokens: ≈ 2 s on replicas 0-4, ≈ 100 ms on 5.
+        let predictor = prefill_warm(&rs, &[20.0, 20.0, 20.0, 20.0, 20.0, 1.0]);
+        let _busy = rs[5].ledger.book(
+            BookingSpec {
+                prompt_tokens: 300,
+                cached_tokens: 0,
+                expected_output_tokens: 50,
+                tpot_slo_ms: None,
+                expected_ttft_s: None,
+                stream: true,
+            },
+            79.9,
+        );
+        let params = CandidateParams {
+            block_tokens: 16,
+            stale_after_s: 1.0,
+        };
+        let req = req_1000(500.0, Fallback::Reject);
+        let prefix = PrefixIndex::new(64);
+        let short = Shortlist {
+            size: 2,
+            keep: None,
+        };
+        let (kept, eligible) = build_shortlisted(
+            &req,
+            &rs,
+            &prefix,
+            params,
+            80.0,
+            short,
+            &mut rand::rngs::SmallRng::seed_from_u64(1),
+        )
+        .unwrap();
+        assert_eq!(eligible, 6);
+        assert!(
+            kept.iter().all(|c| c.index != 5),
+            "the loaded fast replica is not shortlisted"
+        );
+        let policy = SloPolicy::new(
+            predictor.clone(),
+            SloConfig {
+                explore: 0.0,
+                probe_idle_s: 0.0,
+                shortlist: 2,
+                ..SloConfig::default()
+            },
+        );
+        let inputs = RouteInputs {
+            policy: &policy,
+            predictor: &predictor,
+            prefix: &prefix,
+            replicas: &rs,
+            params,
+            max_targets: 3,
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let routed = route(&inputs, &req, 80.0, &mut rng).unwrap();
+        assert!(matches!(routed.verdict, Verdict::Go), "{routed:?}");
+        assert_eq!(routed.targets[0].index, 5);
+        assert_eq!(routed.fallback, None);
     }
 
     /// A prefix miss costs what recomputing it takes there, relative to the TTFT
