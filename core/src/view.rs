@@ -127,6 +127,41 @@ pub struct PeerLoad {
     pub updated_s: f64,
 }
 
+/// The few numbers a shortlist ([`crate::policy::shortlist`]) reads of every eligible
+/// replica of a large fleet, of the peers' load and the last scrape: what
+/// [`ReplicaView::light`] returns without copying either whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LightRead {
+    /// The peers' `Load::queued_prefill_tokens` and `decode_remaining_tokens` here.
+    pub peer_queued_prefill_tokens: f64,
+    pub peer_decode_remaining_tokens: f64,
+    /// From the last scrape, however old; `None` before the first.
+    pub scrape: Option<ScrapeShape>,
+}
+
+/// Of one scrape: when it was taken, the KV capacity and the engine's cache block.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScrapeShape {
+    pub at_s: f64,
+    pub kv_capacity_tokens: Option<u64>,
+    pub block_size: Option<u32>,
+}
+
+impl LightRead {
+    /// The light read of `peer` and `scraped`.
+    pub fn of(peer: &PeerLoad, scraped: Option<&Scraped>) -> Self {
+        Self {
+            peer_queued_prefill_tokens: peer.load.queued_prefill_tokens,
+            peer_decode_remaining_tokens: peer.load.decode_remaining_tokens,
+            scrape: scraped.map(|s| ScrapeShape {
+                at_s: s.at_s,
+                kv_capacity_tokens: s.kv_capacity_tokens(),
+                block_size: s.block_size,
+            }),
+        }
+    }
+}
+
 /// One replica as the routing core sees it.
 pub trait ReplicaView: Send + Sync + std::fmt::Debug {
     /// Host-local id, unique and never reused.
@@ -158,6 +193,11 @@ pub trait ReplicaView: Send + Sync + std::fmt::Debug {
     /// Its part in a disaggregated fleet (`both` unless configured).
     fn role(&self) -> Role {
         Role::Both
+    }
+    /// [`LightRead::of`] its peers' load and last scrape. A host that keeps those few
+    /// numbers beside its cells answers without copying the cells (the router does).
+    fn light(&self) -> LightRead {
+        LightRead::of(&self.peer_load(), self.scraped().as_ref())
     }
 }
 
@@ -197,6 +237,9 @@ impl<T: ReplicaView + ?Sized> ReplicaView for Arc<T> {
     }
     fn role(&self) -> Role {
         (**self).role()
+    }
+    fn light(&self) -> LightRead {
+        (**self).light()
     }
 }
 

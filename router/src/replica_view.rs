@@ -55,4 +55,7 @@ impl ReplicaView for Replica {
     fn role(&self) -> Role {
         self.role
     }
+    fn light(&self) -> headroom_core::view::LightRead {
+        crate::fleet::cells::light(&self.scraped, &self.peer_load)
+    }
 }

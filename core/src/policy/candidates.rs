@@ -143,22 +143,21 @@ fn shortlisted<'a, R: ReplicaView>(
     let mut entries = Vec::with_capacity(idx.len());
     for &i in idx {
         let r = &replicas[i];
-        let scraped = r.scraped();
-        let fresh = scraped
-            .as_ref()
-            .filter(|sc| (now_s - sc.at_s).max(0.0) <= params.stale_after_s);
+        let light = r.light();
+        let shape = light.scrape;
+        let fresh = shape.filter(|sc| (now_s - sc.at_s).max(0.0) <= params.stale_after_s);
         holders.push(Holder::of(
             r,
-            scraped.as_ref().and_then(Scraped::kv_capacity_tokens),
-            fresh,
+            shape.and_then(|sc| sc.kv_capacity_tokens),
+            fresh.and_then(|sc| sc.block_size),
             params.block_tokens,
         ));
         // As `Candidate::load().outstanding_tokens()` sums them: own plus peers' per term.
         let (oq, od) = r.ledger().outstanding(now_s);
-        let peer = r.peer_load().load;
         entries.push(Entry {
             id: r.id(),
-            outstanding: (oq + peer.queued_prefill_tokens) + (od + peer.decode_remaining_tokens),
+            outstanding: (oq + light.peer_queued_prefill_tokens)
+                + (od + light.peer_decode_remaining_tokens),
             cached: 0,
             group: (r.predictor_key().class, r.remote_rtt_ms().is_none()),
         });
@@ -291,12 +290,12 @@ struct Holder {
 }
 
 impl Holder {
-    /// `kv_capacity_tokens` from the last scrape however old; `fresh` the scrape where
-    /// recent enough to use.
+    /// `kv_capacity_tokens` from the last scrape however old; `fresh_block` the engine
+    /// block of the scrape where recent enough to use.
     fn of(
         r: &(impl ReplicaView + ?Sized),
         kv_capacity_tokens: Option<u64>,
-        fresh: Option<&Scraped>,
+        fresh_block: Option<u32>,
         block_tokens: u32,
     ) -> Self {
         Self {
@@ -304,10 +303,7 @@ impl Holder {
             seq: r.prefix_cursor().load(Relaxed),
             capacity: kv_capacity_tokens
                 .map_or(u64::MAX, |t| (t / block_tokens.max(1) as u64).max(1)),
-            engine_block: fresh
-                .and_then(|s| s.block_size)
-                .filter(|b| *b > 0)
-                .unwrap_or(1),
+            engine_block: fresh_block.filter(|b| *b > 0).unwrap_or(1),
         }
     }
 }
@@ -326,7 +322,7 @@ pub fn fill_prefix_matches(
             Holder::of(
                 c.replica,
                 c.kv_capacity_tokens,
-                c.scraped.as_ref(),
+                c.scraped.as_ref().and_then(|s| s.block_size),
                 block_tokens,
             )
         })

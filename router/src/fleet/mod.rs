@@ -3,6 +3,7 @@
 //! The request path reads one `ArcSwap` snapshot of the replica list and per-replica
 //! `ArcSwap`/atomic cells; background tasks (scrape, probe, models, DNS) write them.
 
+pub mod cells;
 pub mod health;
 pub mod kv_feed;
 pub mod models;

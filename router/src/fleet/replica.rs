@@ -2,9 +2,7 @@
 
 use std::sync::{Arc, atomic::AtomicU64};
 
-use crossbeam_utils::atomic::AtomicCell;
-
-use super::{health::Health, scrape::Scraped};
+use super::health::Health;
 use crate::{config::ReplicaConfig, ledger::Ledger};
 
 pub use headroom_core::view::{ModelEntry, PeerLoad, ServedModels, key_of};
@@ -37,13 +35,14 @@ pub struct Replica {
     pub prefix_cursor: AtomicU64,
     /// Copy cells (seqlocks), not `ArcSwap`s: every decision reads both for every
     /// candidate, and a read is then two plain loads instead of four atomic
-    /// read-modify-writes on cache lines all decision threads share.
-    pub scraped: AtomicCell<Option<Scraped>>,
+    /// read-modify-writes on cache lines all decision threads share. Each keeps the
+    /// few numbers a shortlist reads beside it ([`super::cells`]).
+    pub scraped: super::cells::ScrapedCell,
     /// What it serves (`/v1/models`); decisions ask through its memo.
     pub models: super::models::ModelsCell,
     pub health: Health,
     /// In-flight work of other router nodes here, as last gossiped.
-    pub peer_load: AtomicCell<PeerLoad>,
+    pub peer_load: super::cells::PeerLoadCell,
     /// Where its KV-cache events come from, when configured.
     pub kv: Option<super::kv_feed::KvSource>,
 }
@@ -86,10 +85,10 @@ impl Replica {
             deadline_priority: rc.deadline_priority,
             ledger: Ledger::new(),
             prefix_cursor: AtomicU64::new(0),
-            scraped: AtomicCell::new(None),
+            scraped: Default::default(),
             models: Default::default(),
             health: Health::default(),
-            peer_load: AtomicCell::new(PeerLoad::default()),
+            peer_load: Default::default(),
             kv: super::kv_feed::KvSource::of(rc),
         })
     }
