@@ -468,7 +468,7 @@ async fn debug_cluster(State(path): State<Arc<RequestPath>>) -> Json<Value> {
 
 async fn debug_predictor(State(path): State<Arc<RequestPath>>) -> Json<Value> {
     let snap = path.predictor.load_full();
-    let names: std::collections::HashMap<u64, (String, String)> = path
+    let names: std::collections::HashMap<u64, (std::sync::Arc<str>, std::sync::Arc<str>)> = path
         .fleet
         .replicas()
         .iter()

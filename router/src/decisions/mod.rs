@@ -120,7 +120,7 @@ impl DecisionRing {
             }
             let Some(r) = self.get(id) else { continue };
             let keep = q.replica.as_deref().is_none_or(|want| {
-                r.chosen() == Some(want) || r.measured.as_ref().is_some_and(|m| m.replica == want)
+                r.chosen() == Some(want) || r.measured.as_ref().is_some_and(|m| &*m.replica == want)
             }) && q.tenant.as_deref().is_none_or(|t| r.request.tenant == t)
                 && q.missed.is_none_or(|m| r.missed() == m)
                 && q.fallback

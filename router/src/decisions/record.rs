@@ -128,8 +128,9 @@ pub struct Judged {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CandidateRecord {
-    pub replica: String,
-    pub class: String,
+    /// Shared with the replica (no copy per record).
+    pub replica: std::sync::Arc<str>,
+    pub class: std::sync::Arc<str>,
     /// Position in the ranking (0 = chosen); `None`: not ranked (rejected decision).
     pub rank: Option<usize>,
     pub cached_tokens: u32,
@@ -329,7 +330,7 @@ fn why(c: &CandidateRecord, chosen: Option<&CandidateRecord>, fallback: Option<&
 pub struct Measured {
     pub status: &'static str,
     /// The replica that served (after retries, if any).
-    pub replica: String,
+    pub replica: std::sync::Arc<str>,
     /// Arrival → first token: what the client saw (the router's own wait included).
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
@@ -360,7 +361,7 @@ pub struct Record {
     pub request: Asked,
     pub decision: Option<Decided>,
     /// Attempts that failed before the first byte: (replica, why).
-    pub retries: Vec<(String, &'static str)>,
+    pub retries: Vec<(std::sync::Arc<str>, &'static str)>,
     /// How it ended when no response body was streamed (refused, every attempt
     /// failed, the replica's 4xx passed through).
     pub ended: Option<String>,
@@ -375,7 +376,7 @@ impl Record {
             .candidates
             .iter()
             .find(|c| c.rank == Some(0))
-            .map(|c| c.replica.as_str())
+            .map(|c| &*c.replica)
     }
 
     /// Failed, refused, or measured past an objective.

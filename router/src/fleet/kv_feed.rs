@@ -605,9 +605,7 @@ impl KvFeeds {
             {
                 let d = now[i].saturating_sub(last[i]);
                 if d > 0 {
-                    m.incidents
-                        .with_label_values(&[r.name.as_str(), kind])
-                        .inc_by(d);
+                    m.incidents.with_label_values(&[&*r.name, kind]).inc_by(d);
                 }
             }
             *last = now;

@@ -13,9 +13,10 @@ pub struct Replica {
     pub id: u32,
     pub base: http::Uri,
     pub url: String,
-    pub name: String,
+    /// Shared, not copied: every decision record names its candidates.
+    pub name: Arc<str>,
     pub key: u64,
-    pub class: String,
+    pub class: Arc<str>,
     pub class_key: u64,
     /// Its region (a replica configured without one is in its node's region).
     pub region: String,
@@ -75,8 +76,8 @@ impl Replica {
             key: key_of(&url),
             class_key: key_of(&class),
             url,
-            name,
-            class,
+            name: name.into(),
+            class: class.into(),
             region: rc.region.clone().unwrap_or_else(|| node_region.to_string()),
             remote_rtt_ms: regions.remote_rtt_ms(node_region, rc.region.as_deref()),
             region_dark: Default::default(),

@@ -250,23 +250,23 @@ impl Outcomes {
         let m = &self.metrics;
         let r = &o.replica.name;
         m.requests
-            .with_label_values(&[&o.model, r, o.status.label()])
+            .with_label_values(&[&o.model, &**r, o.status.label()])
             .inc();
         if let Some(t) = o.client_ttft_s() {
-            m.ttft.with_label_values(&[&o.model, r]).observe(t);
+            m.ttft.with_label_values(&[&o.model, &**r]).observe(t);
         }
         m.router_wait.observe(o.router_wait_s());
         if let Some(t) = o.tpot_s {
-            m.tpot.with_label_values(&[&o.model, r]).observe(t);
+            m.tpot.with_label_values(&[&o.model, &**r]).observe(t);
         }
         // How far the stream's own measurement is from the engine's (where the engine
         // reports one): the check on labels for engines that report nothing.
         if let (Some(label), Some(itl)) = (o.tpot_stream_s, o.engine_itl_ms.filter(|v| *v > 0.0)) {
             m.tpot_label_ratio
-                .with_label_values(&[r])
+                .with_label_values(&[&**r])
                 .observe(label * 1e3 / itl);
         }
-        m.e2e.with_label_values(&[&o.model, r]).observe(o.e2e_s);
+        m.e2e.with_label_values(&[&o.model, &**r]).observe(o.e2e_s);
         let now = crate::clock::now_ms();
         match o.status {
             OutcomeStatus::Ok => {

@@ -218,7 +218,7 @@ impl TrackedBody {
                         _ => "the replica failed mid-stream",
                     };
                     let mut e = ApiError::upstream(msg);
-                    e.replica = Some(t.replica.name.clone());
+                    e.replica = Some(t.replica.name.to_string());
                     Some(e.sse_bytes())
                 };
                 (first, tpot, label, usage, tail)

@@ -357,7 +357,7 @@ pub(crate) fn all_failed(
         .with_retry_after(1));
     }
     let mut e = ApiError::upstream(format!("every replica tried failed ({reason})"));
-    e.replica = last.map(|t| t.replica.name.clone());
+    e.replica = last.map(|t| t.replica.name.to_string());
     Err(e)
 }
 

@@ -316,7 +316,7 @@ pub async fn forward(
                         .note_end(record, format!("every prefill replica failed ({why})"));
                     let mut e =
                         ApiError::upstream(format!("every prefill replica tried failed ({why})"));
-                    e.replica = prefills.last().map(|t| t.replica.name.clone());
+                    e.replica = prefills.last().map(|t| t.replica.name.to_string());
                     return Err(e);
                 }
             },
