@@ -134,12 +134,25 @@ struct Delta<'a> {
 impl Transcript {
     /// Notes one content event's payload (JSON, `data: ` stripped).
     pub fn note(&mut self, data: &[u8]) {
+        self.note_with(data, true);
+    }
+
+    /// [`Self::note`], reading the plain choice forms without the parser where `flat`
+    /// (`flat_choice.rs`; `false`: the reference its tests compare with).
+    fn note_with(&mut self, data: &[u8], flat: bool) {
         if self.id.is_some()
             && let Some(at) = M_CHOICES.find(data)
         {
             // The header members were kept from the first chunk: later chunks are read
             // from their choices on (an unescaped `"choices":[` is structural, as in
             // `sse.rs`), which skips re-reading the id, object and model every token.
+            if flat
+                && let Some((text, content)) = super::flat_choice::read(&data[at + CHOICES.len()..])
+            {
+                self.text.push_str(text.unwrap_or_default());
+                self.text.push_str(content.unwrap_or_default());
+                return;
+            }
             let mut de = serde_json::Deserializer::from_slice(&data[at + CHOICES.len() - 1..]);
             if NoteChoices(self).deserialize(&mut de).is_err() {
                 self.opaque = true;
@@ -576,6 +589,95 @@ mod tests {
             Cut::Resume(b) => serde_json::from_slice(b).unwrap(),
             other => panic!("not resumed: {other:?}"),
         }
+    }
+
+    /// The plain-form reader notes exactly what the parser notes, for the engines'
+    /// chunks and for choices built from members in random order, values and repeats.
+    #[test]
+    fn the_flat_reader_notes_what_the_parser_notes() {
+        use proptest::prelude::*;
+        let header =
+            r#"{"id":"c","object":"text_completion","created":1,"model":"m","choices":[]}"#;
+        let check = |events: &[String]| {
+            let (mut a, mut b) = (Transcript::default(), Transcript::default());
+            for e in std::iter::once(header.to_string()).chain(events.iter().cloned()) {
+                a.note_with(e.as_bytes(), true);
+                b.note_with(e.as_bytes(), false);
+            }
+            assert_eq!(
+                (&a.text, a.finished, a.opaque),
+                (&b.text, b.finished, b.opaque),
+                "{events:?}"
+            );
+        };
+        for fixture in ["completion-stream-usage.sse", "chat-stream-usage.sse"] {
+            let path = format!(
+                "{}/../scripts/vllm/fixtures/{fixture}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let sse = std::fs::read_to_string(path).expect("fixture");
+            let events: Vec<String> = sse
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter(|d| *d != "[DONE]")
+                .map(str::to_string)
+                .collect();
+            assert!(events.len() > 3);
+            check(&events);
+        }
+        let string = prop_oneof![
+            Just(r#""plain text""#.to_string()),
+            Just(r#""""#.to_string()),
+            Just(r#""a \"quoted\" b""#.to_string()),
+            Just(r#""tab\tand \u00e9""#.to_string()),
+            Just("\"raw\u{1}control\"".to_string()),
+            Just(r#""ünïcödé 字""#.to_string()),
+            Just("null".to_string()),
+            Just("7".to_string()),
+        ];
+        let member = prop_oneof![
+            Just(r#""index":0"#.to_string()),
+            Just(r#""index":1"#.to_string()),
+            string.clone().prop_map(|s| format!(r#""text":{s}"#)),
+            string
+                .clone()
+                .prop_map(|s| format!(r#""delta":{{"content":{s}}}"#)),
+            Just(r#""delta":{"role":"assistant","content":"hi"}"#.to_string()),
+            Just(r#""delta":{"tool_calls":[{"id":"t"}]}"#.to_string()),
+            Just(r#""finish_reason":null"#.to_string()),
+            Just(r#""finish_reason":"stop""#.to_string()),
+            Just(r#""logprobs":null"#.to_string()),
+            Just(r#""logprobs":{"tokens":["a"]}"#.to_string()),
+            Just(r#""stop_reason":null"#.to_string()),
+            Just(r#""token_ids":null"#.to_string()),
+            Just(r#""token_ids":[1,2]"#.to_string()),
+            Just(r#""seed":null"#.to_string()),
+            Just(r#" "index":0"#.to_string()),
+        ];
+        let choice =
+            proptest::collection::vec(member, 0..6).prop_map(|m| format!("{{{}}}", m.join(",")));
+        let chunk =
+            (proptest::collection::vec(choice, 0..3), any::<bool>()).prop_map(|(cs, usage)| {
+                let tail = if usage {
+                    r#","usage":{"completion_tokens":1}}"#
+                } else {
+                    "}"
+                };
+                format!(
+                    r#"{{"id":"c","created":1,"choices":[{}]{tail}"#,
+                    cs.join(",")
+                )
+            });
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 2000,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&proptest::collection::vec(chunk, 1..4), |events| {
+                check(&events);
+                Ok(())
+            })
+            .expect("the flat reader agrees with the parser");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod body;
 pub mod failover;
+mod flat_choice;
 pub mod pd;
 pub mod priority;
 pub mod sse;
