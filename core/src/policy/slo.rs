@@ -941,14 +941,18 @@ impl Policy for SloPolicy {
             }
             None => {
                 let b = ranked[0];
-                let reason = format!(
-                    "no replica can meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms; best is {} (TTFT bound {:.0} ms, TPOT bound {:.0} ms)",
-                    req.slo.ttft_ms,
-                    req.slo.tpot_ms,
-                    cands[b].replica.name(),
-                    preds[b].ttft_upper_ms,
-                    preds[b].tpot_upper_ms,
-                );
+                // Formatted only for a refusal or a deferral: a least-bad route (the
+                // default) carries no reason, and overload is when this runs most.
+                let reason = || {
+                    format!(
+                        "no replica can meet TTFT ≤ {:.0} ms and TPOT ≤ {:.0} ms; best is {} (TTFT bound {:.0} ms, TPOT bound {:.0} ms)",
+                        req.slo.ttft_ms,
+                        req.slo.tpot_ms,
+                        cands[b].replica.name(),
+                        preds[b].ttft_upper_ms,
+                        preds[b].tpot_upper_ms,
+                    )
+                };
                 // Least bad: with `kv_room`, a replica with room before one without;
                 // then the lateness over every tier. Missing one objective or both is a
                 // miss either way, and a tier is only as good as its bounds: on the
@@ -975,12 +979,12 @@ impl Policy for SloPolicy {
                         Choice::Route(ranked)
                     }
                     Fallback::Reject => Choice::Reject(NoFit::new(
-                        reason,
+                        reason(),
                         retry_after_s(&preds[b], req.slo.ttft_ms),
                     )),
                     Fallback::Defer => Choice::Defer {
                         retry_after_s: self.cfg.defer_poll_ms as f64 / 1e3,
-                        reason,
+                        reason: reason(),
                         fallback_order: ranked,
                     },
                 };
