@@ -91,12 +91,12 @@ pub fn read(rest: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
 }
 
 /// `at` past `lit` where `rest[at..]` starts with it.
-fn expect(rest: &[u8], at: usize, lit: &[u8]) -> Option<usize> {
+pub(super) fn expect(rest: &[u8], at: usize, lit: &[u8]) -> Option<usize> {
     rest.get(at..)?.starts_with(lit).then_some(at + lit.len())
 }
 
 /// A member's key (`"key":`) at `at`, and where its value starts.
-fn key(rest: &[u8], at: usize) -> Option<(&[u8], usize)> {
+pub(super) fn key(rest: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let open = expect(rest, at, b"\"")?;
     let len = rest.get(open..)?.iter().position(|&b| b == b'"')?;
     let k = &rest[open..open + len];

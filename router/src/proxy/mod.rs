@@ -9,6 +9,7 @@
 pub mod body;
 pub mod failover;
 mod flat_choice;
+mod flat_usage;
 pub mod pd;
 pub mod priority;
 pub mod sse;

@@ -150,11 +150,22 @@ pub(super) fn event_end(buf: &[u8]) -> Option<usize> {
 /// the whole `"usage":{…}` member, widened by one adjacent comma so that cutting the
 /// range leaves valid JSON.
 fn usage_member(data: &[u8]) -> Option<(Usage, std::ops::Range<usize>)> {
+    usage_member_with(data, true)
+}
+
+/// [`usage_member`], reading the plain object without the parser where `flat`
+/// (`flat_usage.rs`; `false`: the reference its tests compare with).
+fn usage_member_with(data: &[u8], flat: bool) -> Option<(Usage, std::ops::Range<usize>)> {
     let at = M_USAGE_OBJ.find(data)?;
     let obj = at + USAGE_OBJ.len() - 1;
-    let mut it = serde_json::Deserializer::from_slice(&data[obj..]).into_iter::<Usage>();
-    let usage = it.next()?.ok()?;
-    let end = obj + it.byte_offset();
+    let (usage, end) = match super::flat_usage::read(&data[obj..]).filter(|_| flat) {
+        Some((u, len)) => (u, obj + len),
+        None => {
+            let mut it = serde_json::Deserializer::from_slice(&data[obj..]).into_iter::<Usage>();
+            let usage = it.next()?.ok()?;
+            (usage, obj + it.byte_offset())
+        }
+    };
     let range = if at > 0 && data[at - 1] == b',' {
         at - 1..end
     } else if data.get(end) == Some(&b',') {
@@ -429,6 +440,70 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// The plain-form usage reader gives what the parser gives, value and range, for
+    /// objects built from members in random order, values and repeats.
+    #[test]
+    fn the_flat_usage_reader_reads_what_the_parser_reads() {
+        use proptest::prelude::*;
+        let number = prop_oneof![
+            Just("0".to_string()),
+            (0u64..5_000_000_000).prop_map(|v| v.to_string()),
+            Just("-3".to_string()),
+            Just("1.5".to_string()),
+            Just("2e3".to_string()),
+            Just("007".to_string()),
+            Just("null".to_string()),
+            Just("\"12\"".to_string()),
+        ];
+        let member = prop_oneof![
+            number
+                .clone()
+                .prop_map(|v| format!(r#""prompt_tokens":{v}"#)),
+            number
+                .clone()
+                .prop_map(|v| format!(r#""completion_tokens":{v}"#)),
+            number
+                .clone()
+                .prop_map(|v| format!(r#""total_tokens":{v}"#)),
+            number
+                .clone()
+                .prop_map(|v| format!(r#""prompt_tokens_details":{{"cached_tokens":{v}}}"#)),
+            Just(r#""prompt_tokens_details":null"#.to_string()),
+            Just(r#""prompt_tokens_details":{}"#.to_string()),
+            Just(r#""prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0}"#.to_string()),
+            Just(r#""reasoning_tokens":4"#.to_string()),
+            Just(r#" "prompt_tokens":1"#.to_string()),
+        ];
+        let chunk =
+            (proptest::collection::vec(member, 0..6), any::<bool>()).prop_map(|(m, after)| {
+                let tail = if after {
+                    r#","system_fingerprint":"x"}"#
+                } else {
+                    "}"
+                };
+                format!(
+                    r#"{{"id":"c","choices":[{{"index":0,"text":"a"}}],"usage":{{{}}}{tail}"#,
+                    m.join(",")
+                )
+            });
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 3000,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&chunk, |c| {
+                let d = c.as_bytes();
+                prop_assert_eq!(
+                    usage_member_with(d, true),
+                    usage_member_with(d, false),
+                    "{}",
+                    c
+                );
+                Ok(())
+            })
+            .expect("the flat usage reader agrees with the parser");
+    }
 
     const CHUNK1: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hi\"}}],\"usage\":null}\n\n";
     const CHUNK2: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" \\\",\\\"usage\\\":null there\"},\"finish_reason\":\"length\"}],\"usage\":null}\n\n";

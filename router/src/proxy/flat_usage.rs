@@ -1,0 +1,144 @@
+//! A streamed chunk's usage object read without a JSON parser, where it has the plain
+//! shape engines send; anything else is left to `serde_json`.
+//!
+//! Why: the router asks engines for usage in every content chunk
+//! (`continuous_usage_stats`, [`super::sse`]), so the scanner reads one usage object per
+//! *token* on vLLM: through `serde_json` that is a parse per token beside the
+//! transcript's ([`super::flat_choice`]).
+//!
+//! Invariant (tested against `serde_json` in `sse.rs`): where [`read`] returns `Some`,
+//! the usage and the object's end are what the `serde_json` path gives. It accepts only
+//! compact JSON (no whitespace) `{members}` whose members, in any order and each at
+//! most once, are `prompt_tokens`, `completion_tokens` (integers that fit a `u32`),
+//! `total_tokens` (an integer, read past) and `prompt_tokens_details` (`null` or
+//! `{"cached_tokens":n}`); integers without sign, fraction, exponent or leading zero.
+//! Every other form returns `None`, and the caller parses the object as before.
+//! Cost: one pass over the object's bytes.
+
+use super::{
+    flat_choice::{expect, key},
+    sse::{PromptDetails, Usage},
+};
+
+const PROMPT: u8 = 1;
+const COMPLETION: u8 = 1 << 1;
+const TOTAL: u8 = 1 << 2;
+const DETAILS: u8 = 1 << 3;
+
+/// The usage in the object at the start of `obj` (its `{`), and the offset just past
+/// its `}`; `None` where the object is not of the plain form.
+pub fn read(obj: &[u8]) -> Option<(Usage, usize)> {
+    let mut at = expect(obj, 0, b"{")?;
+    let mut u = Usage::default();
+    if obj.get(at) == Some(&b'}') {
+        return Some((u, at + 1));
+    }
+    let mut seen = 0u8;
+    loop {
+        let (k, after) = key(obj, at)?;
+        at = after;
+        let bit = match k {
+            b"prompt_tokens" => {
+                (u.prompt_tokens, at) = small(obj, at)?;
+                PROMPT
+            }
+            b"completion_tokens" => {
+                (u.completion_tokens, at) = small(obj, at)?;
+                COMPLETION
+            }
+            b"total_tokens" => {
+                at = integer(obj, at)?.1;
+                TOTAL
+            }
+            b"prompt_tokens_details" => {
+                if let Some(after) = expect(obj, at, b"null") {
+                    at = after;
+                } else {
+                    at = expect(obj, at, b"{\"cached_tokens\":")?;
+                    let (cached, after) = small(obj, at)?;
+                    u.prompt_tokens_details = Some(PromptDetails {
+                        cached_tokens: cached,
+                    });
+                    at = expect(obj, after, b"}")?;
+                }
+                DETAILS
+            }
+            _ => return None,
+        };
+        if seen & bit != 0 {
+            return None;
+        }
+        seen |= bit;
+        match obj.get(at)? {
+            b',' => at += 1,
+            b'}' => return Some((u, at + 1)),
+            _ => return None,
+        }
+    }
+}
+
+/// A JSON integer without sign, fraction or exponent at `at` (`0` or no leading zero),
+/// and where it ends; `None` past `u64`.
+fn integer(obj: &[u8], at: usize) -> Option<(u64, usize)> {
+    let digits = obj
+        .get(at..)?
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let raw = &obj[at..at + digits];
+    if digits == 0 || (digits > 1 && raw[0] == b'0') {
+        return None;
+    }
+    let v = std::str::from_utf8(raw).ok()?.parse().ok()?;
+    Some((v, at + digits))
+}
+
+/// [`integer`] that fits a `u32`.
+fn small(obj: &[u8], at: usize) -> Option<(u32, usize)> {
+    let (v, end) = integer(obj, at)?;
+    Some((u32::try_from(v).ok()?, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_plain_forms() {
+        let (u, end) =
+            read(br#"{"prompt_tokens":32,"total_tokens":33,"completion_tokens":1},"x":1}"#)
+                .expect("plain");
+        assert_eq!(
+            (
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.prompt_tokens_details
+            ),
+            (32, 1, None)
+        );
+        assert_eq!(end, 60, "just past the object's brace");
+        let (u, _) = read(br#"{"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":16},"prompt_tokens":40}"#)
+            .expect("details");
+        assert_eq!(u.prompt_tokens_details.map(|d| d.cached_tokens), Some(16));
+        assert_eq!(read(b"{}").map(|(u, e)| (u.prompt_tokens, e)), Some((0, 2)));
+    }
+
+    #[test]
+    fn leaves_every_other_form_to_the_parser() {
+        for obj in [
+            &br#"{"prompt_tokens":-1}"#[..],
+            br#"{"prompt_tokens":1.0}"#,
+            br#"{"prompt_tokens":1e3}"#,
+            br#"{"prompt_tokens":01}"#,
+            br#"{"prompt_tokens":4294967296}"#,
+            br#"{"prompt_tokens":1,"prompt_tokens":2}"#,
+            br#"{"prompt_tokens":null}"#,
+            br#"{"prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0}}"#,
+            br#"{"prompt_tokens":1,"reasoning_tokens":2}"#,
+            br#"{ "prompt_tokens":1}"#,
+            br#"{"prompt_tokens":1"#,
+        ] {
+            assert!(read(obj).is_none(), "{}", String::from_utf8_lossy(obj));
+        }
+    }
+}
