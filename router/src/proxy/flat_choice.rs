@@ -98,13 +98,12 @@ pub(super) fn expect(rest: &[u8], at: usize, lit: &[u8]) -> Option<usize> {
 /// A member's key (`"key":`) at `at`, and where its value starts.
 pub(super) fn key(rest: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let open = expect(rest, at, b"\"")?;
-    let len = rest.get(open..)?.iter().position(|&b| b == b'"')?;
-    let k = &rest[open..open + len];
     // Keys with escapes are not the plain form (and none of ours has one).
-    if k.contains(&b'\\') {
+    let len = memchr::memchr2(b'"', b'\\', rest.get(open..)?)?;
+    if rest[open + len] != b'"' {
         return None;
     }
-    Some((k, expect(rest, open + len + 1, b":")?))
+    Some((&rest[open..open + len], expect(rest, open + len + 1, b":")?))
 }
 
 /// A string value without escapes or control characters at `at`, and what follows it.
