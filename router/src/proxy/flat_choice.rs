@@ -17,7 +17,8 @@
 //! - `"finish_reason"`, `"logprobs"` and the members the `serde_json` path ignores
 //!   (`stop_reason`, `token_ids`, `prompt_token_ids`, `matched_stop`), as `null`.
 //!
-//! An empty choices list (`]`, the usage chunk) reads as no text. Every other form —
+//! An empty choices list (`]`, the usage chunk) or an empty choice (`{}`) reads as no
+//! text. Every other form —
 //! an escape, a finish reason, a second choice, a role or tool-call delta, an unknown
 //! or repeated member — returns `None`, and the caller parses the event as before.
 //! Cost: one pass over the choice's bytes.
@@ -45,46 +46,53 @@ pub fn read(rest: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
     if rest.first() == Some(&b']') {
         return Some((None, None));
     }
-    let mut at = expect(rest, 0, b"{")?;
     let (mut text, mut content) = (None, None);
+    let end = object(rest, 0, |k, at| match k {
+        b"index" => Some((INDEX, expect(rest, at, b"0")?)),
+        b"text" => {
+            let (s, after) = string(rest, at)?;
+            text = Some(s);
+            Some((TEXT, after))
+        }
+        b"delta" => {
+            let (s, after) = string(rest, expect(rest, at, b"{\"content\":")?)?;
+            content = Some(s);
+            Some((DELTA, expect(rest, after, b"}")?))
+        }
+        k => {
+            let i = NULL_MEMBERS.iter().position(|m| *m == k)?;
+            Some((NULLS << i, expect(rest, at, b"null")?))
+        }
+    })?;
+    expect(rest, end, b"]")?;
+    Some((text, content))
+}
+
+/// A compact object at `at` whose every member `member` reads: given its key and where
+/// its value starts, the member's bit and where the value ends. `None` where a member is
+/// not read or comes twice (`serde` refuses a repeated field too); else the offset just
+/// past the object's `}`. Shared by both flat readers.
+pub(super) fn object(
+    rest: &[u8],
+    at: usize,
+    mut member: impl FnMut(&[u8], usize) -> Option<(u16, usize)>,
+) -> Option<usize> {
+    let mut at = expect(rest, at, b"{")?;
+    if rest.get(at) == Some(&b'}') {
+        return Some(at + 1);
+    }
     let mut seen = 0u16;
     loop {
-        let (key, after) = key(rest, at)?;
-        at = after;
-        let bit = match key {
-            b"index" => {
-                at = expect(rest, at, b"0")?;
-                INDEX
-            }
-            b"text" => {
-                let (s, after) = string(rest, at)?;
-                text = Some(s);
-                at = after;
-                TEXT
-            }
-            b"delta" => {
-                at = expect(rest, at, b"{\"content\":")?;
-                let (s, after) = string(rest, at)?;
-                content = Some(s);
-                at = expect(rest, after, b"}")?;
-                DELTA
-            }
-            k => {
-                let i = NULL_MEMBERS.iter().position(|m| *m == k)?;
-                at = expect(rest, at, b"null")?;
-                NULLS << i
-            }
-        };
+        let (k, value) = key(rest, at)?;
+        let (bit, after) = member(k, value)?;
         if seen & bit != 0 {
             return None;
         }
         seen |= bit;
+        at = after;
         match rest.get(at)? {
             b',' => at += 1,
-            b'}' => {
-                expect(rest, at + 1, b"]")?;
-                return Some((text, content));
-            }
+            b'}' => return Some(at + 1),
             _ => return None,
         }
     }
@@ -96,7 +104,7 @@ pub(super) fn expect(rest: &[u8], at: usize, lit: &[u8]) -> Option<usize> {
 }
 
 /// A member's key (`"key":`) at `at`, and where its value starts.
-pub(super) fn key(rest: &[u8], at: usize) -> Option<(&[u8], usize)> {
+fn key(rest: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let open = expect(rest, at, b"\"")?;
     // Keys with escapes are not the plain form (and none of ours has one).
     let len = memchr::memchr2(b'"', b'\\', rest.get(open..)?)?;

@@ -16,65 +16,44 @@
 //! Cost: one pass over the object's bytes.
 
 use super::{
-    flat_choice::{expect, key},
+    flat_choice::{expect, object},
     sse::{PromptDetails, Usage},
 };
 
-const PROMPT: u8 = 1;
-const COMPLETION: u8 = 1 << 1;
-const TOTAL: u8 = 1 << 2;
-const DETAILS: u8 = 1 << 3;
+const PROMPT: u16 = 1;
+const COMPLETION: u16 = 1 << 1;
+const TOTAL: u16 = 1 << 2;
+const DETAILS: u16 = 1 << 3;
 
 /// The usage in the object at the start of `obj` (its `{`), and the offset just past
 /// its `}`; `None` where the object is not of the plain form.
 pub fn read(obj: &[u8]) -> Option<(Usage, usize)> {
-    let mut at = expect(obj, 0, b"{")?;
     let mut u = Usage::default();
-    if obj.get(at) == Some(&b'}') {
-        return Some((u, at + 1));
-    }
-    let mut seen = 0u8;
-    loop {
-        let (k, after) = key(obj, at)?;
-        at = after;
-        let bit = match k {
-            b"prompt_tokens" => {
-                (u.prompt_tokens, at) = small(obj, at)?;
-                PROMPT
-            }
-            b"completion_tokens" => {
-                (u.completion_tokens, at) = small(obj, at)?;
-                COMPLETION
-            }
-            b"total_tokens" => {
-                at = integer(obj, at)?.1;
-                TOTAL
-            }
-            b"prompt_tokens_details" => {
-                if let Some(after) = expect(obj, at, b"null") {
-                    at = after;
-                } else {
-                    at = expect(obj, at, b"{\"cached_tokens\":")?;
-                    let (cached, after) = small(obj, at)?;
-                    u.prompt_tokens_details = Some(PromptDetails {
-                        cached_tokens: cached,
-                    });
-                    at = expect(obj, after, b"}")?;
-                }
-                DETAILS
-            }
-            _ => return None,
-        };
-        if seen & bit != 0 {
-            return None;
+    let end = object(obj, 0, |k, at| match k {
+        b"prompt_tokens" => {
+            let after;
+            (u.prompt_tokens, after) = small(obj, at)?;
+            Some((PROMPT, after))
         }
-        seen |= bit;
-        match obj.get(at)? {
-            b',' => at += 1,
-            b'}' => return Some((u, at + 1)),
-            _ => return None,
+        b"completion_tokens" => {
+            let after;
+            (u.completion_tokens, after) = small(obj, at)?;
+            Some((COMPLETION, after))
         }
-    }
+        b"total_tokens" => Some((TOTAL, integer(obj, at)?.1)),
+        b"prompt_tokens_details" => {
+            if let Some(after) = expect(obj, at, b"null") {
+                return Some((DETAILS, after));
+            }
+            let (cached, after) = small(obj, expect(obj, at, b"{\"cached_tokens\":")?)?;
+            u.prompt_tokens_details = Some(PromptDetails {
+                cached_tokens: cached,
+            });
+            Some((DETAILS, expect(obj, after, b"}")?))
+        }
+        _ => None,
+    })?;
+    Some((u, end))
 }
 
 /// A JSON integer without sign, fraction or exponent at `at` (`0` or no leading zero),

@@ -158,7 +158,10 @@ fn usage_member(data: &[u8]) -> Option<(Usage, std::ops::Range<usize>)> {
 fn usage_member_with(data: &[u8], flat: bool) -> Option<(Usage, std::ops::Range<usize>)> {
     let at = M_USAGE_OBJ.find(data)?;
     let obj = at + USAGE_OBJ.len() - 1;
-    let (usage, end) = match super::flat_usage::read(&data[obj..]).filter(|_| flat) {
+    let (usage, end) = match flat
+        .then(|| super::flat_usage::read(&data[obj..]))
+        .flatten()
+    {
         Some((u, len)) => (u, obj + len),
         None => {
             let mut it = serde_json::Deserializer::from_slice(&data[obj..]).into_iter::<Usage>();
