@@ -76,6 +76,11 @@ fn checkpoint(k: usize) -> usize {
 /// candidates hold a short head of a chain that others hold further.
 const CERTIFY_MIN_ALIVE: u32 = 8;
 
+/// Chains up to this long are recorded block by block, longer ones grouped by shard
+/// ([`PrefixIndex::record`]); at most [`EXACT_HEAD_BLOCKS`], so every block is kept.
+const GROUP_RECORD_BLOCKS: usize = 64;
+const _: () = assert!(GROUP_RECORD_BLOCKS <= EXACT_HEAD_BLOCKS);
+
 /// Keys are xxh3 block hashes that clients can steer, so the map keeps a per-process
 /// random seed (foldhash), at a fraction of SipHash's cost on the per-block lookups.
 type Shard = HashMap<u64, Entry, foldhash::fast::RandomState>;
@@ -617,9 +622,51 @@ impl PrefixIndex {
         // Read before any block goes in: an entry this call joins that is dropped later
         // is dropped after a bump past it (the shard's lock orders the two).
         let since = since_tag(self.epoch.load(Relaxed));
+        let put = |shard: &mut Shard, s: usize, i: usize| {
+            let h = &blocks[i];
+            // Hits are touched at the new cursor (just used). Misses take fresh
+            // positions, the first miss the newest: vLLM frees a request's blocks
+            // tail first, so a chain's tail is evicted before its head and what is
+            // held is a prefix.
+            let seq = if i < matched {
+                base + misses
+            } else {
+                base + misses - 1 - (i - matched) as u64
+            };
+            let holder = Holder {
+                replica,
+                since,
+                seq,
+            };
+            // Make room before a new key goes in, so the table never grows past its
+            // cap.
+            if shard.len() >= self.limits[s].load(Relaxed) && !shard.contains_key(h) {
+                let draw = self.epoch.fetch_add(1, Relaxed) + 1;
+                self.dropped[s].store(draw, Relaxed);
+                Self::shrink(shard, self.shard_cap);
+                self.limits[s].store(limit(self.shard_cap, s, draw), Relaxed);
+            }
+            shard
+                .entry(*h)
+                .and_modify(|e| {
+                    e.touched = tick;
+                    e.hold(holder);
+                })
+                .or_insert_with(|| Entry::new(holder, tick, born_tag(self.epoch.load(Relaxed))));
+        };
+        let len = blocks.len();
+        // A short chain's blocks mostly fall in distinct shards (64 blocks share one
+        // in ≈ 64·63/2/256 ≈ 8 pairs): grouping would save a few locks for two passes
+        // over the 256 shards and a buffer, so each block takes its shard's lock in turn.
+        if len <= GROUP_RECORD_BLOCKS {
+            for i in 0..len {
+                let s = shard_of(blocks[i]);
+                put(&mut self.shards[s].lock(), s, i);
+            }
+            return base + misses;
+        }
         // The blocks' indices grouped by shard, each group in call order (a counting sort).
         // Only the blocks a record keeps ([`recorded`]).
-        let len = blocks.len();
         let kept = || {
             blocks
                 .iter()
@@ -647,38 +694,7 @@ impl PrefixIndex {
             }
             let mut shard = self.shards[s].lock();
             for &i in group {
-                let (i, h) = (i as usize, &blocks[i as usize]);
-                // Hits are touched at the new cursor (just used). Misses take fresh
-                // positions, the first miss the newest: vLLM frees a request's blocks
-                // tail first, so a chain's tail is evicted before its head and what is
-                // held is a prefix.
-                let seq = if i < matched {
-                    base + misses
-                } else {
-                    base + misses - 1 - (i - matched) as u64
-                };
-                let holder = Holder {
-                    replica,
-                    since,
-                    seq,
-                };
-                // Make room before a new key goes in, so the table never grows past its
-                // cap.
-                if shard.len() >= self.limits[s].load(Relaxed) && !shard.contains_key(h) {
-                    let draw = self.epoch.fetch_add(1, Relaxed) + 1;
-                    self.dropped[s].store(draw, Relaxed);
-                    Self::shrink(&mut shard, self.shard_cap);
-                    self.limits[s].store(limit(self.shard_cap, s, draw), Relaxed);
-                }
-                shard
-                    .entry(*h)
-                    .and_modify(|e| {
-                        e.touched = tick;
-                        e.hold(holder);
-                    })
-                    .or_insert_with(|| {
-                        Entry::new(holder, tick, born_tag(self.epoch.load(Relaxed)))
-                    });
+                put(&mut shard, s, i as usize);
             }
         }
         base + misses
