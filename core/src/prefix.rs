@@ -659,8 +659,8 @@ impl PrefixIndex {
         // in ≈ 64·63/2/256 ≈ 8 pairs): grouping would save a few locks for two passes
         // over the 256 shards and a buffer, so each block takes its shard's lock in turn.
         if len <= GROUP_RECORD_BLOCKS {
-            for i in 0..len {
-                let s = shard_of(blocks[i]);
+            for (i, h) in blocks.iter().enumerate() {
+                let s = shard_of(*h);
                 put(&mut self.shards[s].lock(), s, i);
             }
             return base + misses;
