@@ -183,6 +183,49 @@ async fn replica_dying_mid_stream_ends_with_error_event_and_done() {
     assert_eq!(text.matches("\"content\"").count(), 2);
 }
 
+/// The idle timeout bounds the silence between a stream's chunks, not its length: a
+/// stream that trickles (a chunk every 150 ms, ≈ 1 s in all) under a 400 ms timeout is
+/// carried whole; one that falls silent after two chunks ends about a timeout later,
+/// with an error event and `[DONE]`.
+#[tokio::test]
+async fn the_idle_timeout_bounds_silence_between_chunks_not_a_streams_length() {
+    let m = mock("m").await;
+    let r = router(&[m.url()], PolicyName::RoundRobin, |c| {
+        c.proxy.idle_timeout_ms = 400;
+    })
+    .await;
+    let ask = json!({"model":"m","stream":true,"max_tokens":6,"prompt":"x"});
+    m.set(Behaviour::Trickle);
+    let started = std::time::Instant::now();
+    let resp = post(&r.url("/v1/completions"), ask.clone()).await;
+    let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
+        .await
+        .expect("no hang")
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "it trickled"
+    );
+    assert_eq!(text.matches("\"text\"").count(), 6, "every token: {text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    m.set(Behaviour::SilentMidStream);
+    let started = std::time::Instant::now();
+    let resp = post(&r.url("/v1/completions"), ask).await;
+    let text = tokio::time::timeout(Duration::from_secs(10), resp.text())
+        .await
+        .expect("the silent stream is ended")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 4, "two tokens, one error, DONE: {text}");
+    assert!(events[2].starts_with("data: {\"error\""), "{text}");
+    assert_eq!(events[3], "data: [DONE]");
+}
+
 #[tokio::test]
 async fn dead_replica_is_ejected_and_traffic_moves() {
     let alive = mock("m").await;

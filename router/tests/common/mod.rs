@@ -43,6 +43,10 @@ pub enum Behaviour {
     DieMidStream,
     /// Accepts and never answers.
     Stall,
+    /// Streams every chunk 150 ms after the last.
+    Trickle,
+    /// Two content chunks, then silence with the connection open.
+    SilentMidStream,
 }
 
 pub struct Mock {
@@ -94,6 +98,8 @@ fn behaviour(s: &MockState) -> Behaviour {
         1 => Behaviour::Fail500,
         2 => Behaviour::DieMidStream,
         3 => Behaviour::Stall,
+        4 => Behaviour::Trickle,
+        5 => Behaviour::SilentMidStream,
         _ => Behaviour::Normal,
     }
 }
@@ -188,14 +194,27 @@ async fn complete(
         .into_iter()
         .map(|e| Ok(Bytes::from(e)))
         .collect();
-    if behaviour(&s) == Behaviour::DieMidStream {
+    let b = behaviour(&s);
+    if b == Behaviour::DieMidStream {
         items.truncate(2);
         items.push(Err(std::io::Error::other("replica died")));
     }
-    let s = stream::iter(items).then(|x| async move {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        x
-    });
+    let silent = b == Behaviour::SilentMidStream;
+    if silent {
+        items.truncate(2);
+    }
+    let gap = Duration::from_millis(if b == Behaviour::Trickle { 150 } else { 2 });
+    let s = stream::iter(items)
+        .then(move |x| async move {
+            tokio::time::sleep(gap).await;
+            x
+        })
+        .chain(stream::once(async move {
+            if silent {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            Ok(Bytes::new())
+        }));
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(s))
