@@ -146,11 +146,10 @@ impl Transcript {
             // The header members were kept from the first chunk: later chunks are read
             // from their choices on (an unescaped `"choices":[` is structural, as in
             // `sse.rs`), which skips re-reading the id, object and model every token.
-            if flat
-                && let Some((text, content)) = super::flat_choice::read(&data[at + CHOICES.len()..])
-            {
-                self.text.push_str(text.unwrap_or_default());
-                self.text.push_str(content.unwrap_or_default());
+            if flat && let Some(c) = super::flat_choice::read(&data[at + CHOICES.len()..]) {
+                self.text.push_str(c.text.unwrap_or_default());
+                self.text.push_str(c.content.unwrap_or_default());
+                self.finished |= c.finished;
                 return;
             }
             let mut de = serde_json::Deserializer::from_slice(&data[at + CHOICES.len() - 1..]);
@@ -646,6 +645,10 @@ mod tests {
             Just(r#""delta":{"tool_calls":[{"id":"t"}]}"#.to_string()),
             Just(r#""finish_reason":null"#.to_string()),
             Just(r#""finish_reason":"stop""#.to_string()),
+            Just(r#""finish_reason":"length""#.to_string()),
+            Just(r#""finish_reason":"""#.to_string()),
+            Just(r#""finish_reason":"a"b""#.to_string()),
+            Just(r#""finish_reason":7"#.to_string()),
             Just(r#""logprobs":null"#.to_string()),
             Just(r#""logprobs":{"tokens":["a"]}"#.to_string()),
             Just(r#""stop_reason":null"#.to_string()),

@@ -14,19 +14,19 @@
 //! - `"index":0`;
 //! - `"text":"…"` and `"delta":{"content":"…"}`, strings without escapes or control
 //!   characters (valid UTF-8);
-//! - `"finish_reason"`, `"logprobs"` and the members the `serde_json` path ignores
-//!   (`stop_reason`, `token_ids`, `prompt_token_ids`, `matched_stop`), as `null`.
+//! - `"finish_reason"`, `null` or a string without escapes (the generation is over);
+//! - `"logprobs"` and the members the `serde_json` path ignores (`stop_reason`,
+//!   `token_ids`, `prompt_token_ids`, `matched_stop`), as `null`.
 //!
 //! An empty choices list (`]`, the usage chunk) or an empty choice (`{}`) reads as no
 //! text. Every other form —
-//! an escape, a finish reason, a second choice, a role or tool-call delta, an unknown
-//! or repeated member — returns `None`, and the caller parses the event as before.
+//! an escape, a second choice, a role or tool-call delta, an unknown or repeated
+//! member — returns `None`, and the caller parses the event as before.
 //! Cost: one pass over the choice's bytes.
 
-/// Members accepted as `null` beside the text: the ones the transcript reads (a
-/// non-null `finish_reason` or `logprobs` changes what it notes) and the ones it ignores.
-const NULL_MEMBERS: [&[u8]; 6] = [
-    b"finish_reason",
+/// Members accepted as `null` beside the text: the one the transcript reads (a
+/// non-null `logprobs` makes it opaque) and the ones it ignores.
+const NULL_MEMBERS: [&[u8]; 5] = [
     b"logprobs",
     b"stop_reason",
     b"token_ids",
@@ -39,14 +39,24 @@ const INDEX: u16 = 1;
 const TEXT: u16 = 1 << 1;
 const DELTA: u16 = 1 << 2;
 const NULLS: u16 = 1 << 3;
+const FINISH: u16 = 1 << 15;
+
+/// What a plain choice adds to the transcript.
+#[derive(Debug, Default, PartialEq)]
+pub struct Choice<'a> {
+    pub text: Option<&'a str>,
+    pub content: Option<&'a str>,
+    /// A finish reason came: the generation is over.
+    pub finished: bool,
+}
 
 /// The choice's text and delta content (either may be absent), from the bytes right
 /// after `"choices":[`; `None` where the chunk is not of the plain form.
-pub fn read(rest: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
+pub fn read(rest: &[u8]) -> Option<Choice<'_>> {
     if rest.first() == Some(&b']') {
-        return Some((None, None));
+        return Some(Choice::default());
     }
-    let (mut text, mut content) = (None, None);
+    let (mut text, mut content, mut finished) = (None, None, false);
     let end = object(rest, 0, |k, at| match k {
         b"index" => Some((INDEX, expect(rest, at, b"0")?)),
         b"text" => {
@@ -59,13 +69,25 @@ pub fn read(rest: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
             content = Some(s);
             Some((DELTA, expect(rest, after, b"}")?))
         }
+        b"finish_reason" => match expect(rest, at, b"null") {
+            Some(after) => Some((FINISH, after)),
+            None => {
+                let (_, after) = string(rest, at)?;
+                finished = true;
+                Some((FINISH, after))
+            }
+        },
         k => {
             let i = NULL_MEMBERS.iter().position(|m| *m == k)?;
             Some((NULLS << i, expect(rest, at, b"null")?))
         }
     })?;
     expect(rest, end, b"]")?;
-    Some((text, content))
+    Some(Choice {
+        text,
+        content,
+        finished,
+    })
 }
 
 /// A compact object at `at` whose every member `member` reads: given its key and where
@@ -137,20 +159,39 @@ mod tests {
     #[test]
     fn reads_the_plain_forms_in_any_member_order() {
         let vllm = br#"{"index":0,"text":" information","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}"#;
-        assert_eq!(read(vllm), Some((Some(" information"), None)));
+        let text = |t| Choice {
+            text: Some(t),
+            ..Choice::default()
+        };
+        assert_eq!(read(vllm), Some(text(" information")));
         let sorted =
             br#"{"finish_reason":null,"index":0,"logprobs":null,"stop_reason":null,"text":"ok"}]}"#;
-        assert_eq!(read(sorted), Some((Some("ok"), None)));
+        assert_eq!(read(sorted), Some(text("ok")));
         let chat = br#"{"index":0,"delta":{"content":"40 core"},"logprobs":null,"finish_reason":null,"token_ids":null}]}"#;
-        assert_eq!(read(chat), Some((None, Some("40 core"))));
-        assert_eq!(read(b"],\"usage\":{}}"), Some((None, None)));
+        let content = Choice {
+            content: Some("40 core"),
+            ..Choice::default()
+        };
+        assert_eq!(read(chat), Some(content));
+        assert_eq!(read(b"],\"usage\":{}}"), Some(Choice::default()));
+        // The last token's chunk: its text, and the generation is over.
+        let last = br#"{"index":0,"text":"end","finish_reason":"length","stop_reason":null}]"#;
+        assert_eq!(
+            read(last),
+            Some(Choice {
+                finished: true,
+                ..text("end")
+            })
+        );
     }
 
     #[test]
     fn leaves_every_other_form_to_the_parser() {
         for rest in [
             &br#"{"index":0,"text":"a \"b\"","finish_reason":null}]"#[..],
-            br#"{"index":0,"text":"end","finish_reason":"length"}]"#,
+            br#"{"index":0,"text":"end","finish_reason":"a\"b"}]"#,
+            br#"{"index":0,"text":"end","finish_reason":1}]"#,
+            br#"{"index":0,"finish_reason":null,"finish_reason":"stop"}]"#,
             br#"{"index":1,"text":"x"}]"#,
             br#"{"index":0,"text":"x"},{"index":1,"text":"y"}]"#,
             br#"{"index":0,"delta":{"role":"assistant","content":""}}]"#,

@@ -59,16 +59,15 @@ pub fn read(obj: &[u8]) -> Option<(Usage, usize)> {
 /// A JSON integer without sign, fraction or exponent at `at` (`0` or no leading zero),
 /// and where it ends; `None` past `u64`.
 fn integer(obj: &[u8], at: usize) -> Option<(u64, usize)> {
-    let digits = obj
-        .get(at..)?
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .count();
-    let raw = &obj[at..at + digits];
-    if digits == 0 || (digits > 1 && raw[0] == b'0') {
+    let rest = obj.get(at..)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || (digits > 1 && rest[0] == b'0') {
         return None;
     }
-    let v = std::str::from_utf8(raw).ok()?.parse().ok()?;
+    // The digits folded in place (checked: `None` past `u64`), not through a `str`.
+    let v = rest[..digits].iter().try_fold(0u64, |v, d| {
+        v.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })?;
     Some((v, at + digits))
 }
 
@@ -81,6 +80,15 @@ fn small(obj: &[u8], at: usize) -> Option<(u32, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_are_exact_up_to_u64_and_refused_past_it() {
+        assert_eq!(integer(b"18446744073709551615,", 0), Some((u64::MAX, 20)));
+        assert_eq!(integer(b"18446744073709551616", 0), None);
+        assert_eq!(integer(b"x 0}", 2), Some((0, 3)));
+        assert_eq!(integer(b"07", 0), None, "a leading zero is not JSON");
+        assert_eq!(integer(b"-1", 0), None);
+    }
 
     #[test]
     fn reads_the_plain_forms() {
