@@ -398,8 +398,8 @@ impl TrackedBody {
             Cut::Resume(body) => {
                 f.left -= 1;
                 f.cut_at = Some(Instant::now());
-                let id = t.id.clone();
-                let created = t.created;
+                let id = t.header().and_then(|h| h.id.clone());
+                let created = t.header().and_then(|h| h.created);
                 let profile = f.continued_profile(streamed);
                 let failed = self.track.as_ref().map_or(0, |t| t.replica.key);
                 let fut = failover::resume(

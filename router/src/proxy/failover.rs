@@ -52,17 +52,30 @@ use crate::{
 /// What a stream's content events said so far (kept across continuations).
 #[derive(Debug, Default)]
 pub struct Transcript {
-    pub id: Option<String>,
-    pub created: Option<u64>,
-    pub object: Option<String>,
-    pub model: Option<String>,
+    /// The first content chunk, kept whole: its header members are parsed only when a
+    /// continuation or a final usage event needs them ([`Transcript::header`]), since
+    /// few streams are ever cut (parsing every stream's first chunk was ≈ 7k
+    /// instructions a request).
+    head: Option<Box<[u8]>>,
+    /// `head` parsed, at first use; `None` inside where it is not a readable chunk.
+    header: std::cell::OnceCell<Option<Header>>,
     /// The generated text the client has received.
     pub text: String,
     /// A choice carried a `finish_reason`: the generation itself is over.
     pub finished: bool,
     /// Something the text does not capture went by (a tool-call or reasoning delta, a
-    /// second choice, an unreadable event): no continuation is well defined.
-    pub opaque: bool,
+    /// second choice, an unreadable event): no continuation is well defined. See
+    /// [`Transcript::opaque`], which also counts an unreadable first chunk.
+    opaque: bool,
+}
+
+/// The stream's header members, as its first content chunk gave them.
+#[derive(Debug, Default, PartialEq)]
+pub struct Header {
+    pub id: Option<String>,
+    pub created: Option<u64>,
+    pub object: Option<String>,
+    pub model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -140,12 +153,12 @@ impl Transcript {
     /// [`Self::note`], reading the plain choice forms without the parser where `flat`
     /// (`flat_choice.rs`; `false`: the reference its tests compare with).
     fn note_with(&mut self, data: &[u8], flat: bool) {
-        if self.id.is_some()
-            && let Some(at) = M_CHOICES.find(data)
-        {
-            // The header members were kept from the first chunk: later chunks are read
-            // from their choices on (an unescaped `"choices":[` is structural, as in
-            // `sse.rs`), which skips re-reading the id, object and model every token.
+        if let Some(at) = M_CHOICES.find(data) {
+            // Chunks are read from their choices on (an unescaped `"choices":[` is
+            // structural, as in `sse.rs`); the first is kept for its header members.
+            if self.head.is_none() {
+                self.head = Some(data.into());
+            }
             if flat && let Some(c) = super::flat_choice::read(&data[at + CHOICES.len()..]) {
                 self.text.push_str(c.text.unwrap_or_default());
                 self.text.push_str(c.content.unwrap_or_default());
@@ -158,19 +171,39 @@ impl Transcript {
             }
             return;
         }
+        // No choices marker: the whole chunk through the parser.
         let Ok(c) = serde_json::from_slice::<Chunk<'_>>(data) else {
             self.opaque = true;
             return;
         };
-        if self.id.is_none() {
-            self.id = c.id.map(Cow::into_owned);
-            self.created = c.created;
-            self.object = c.object.map(Cow::into_owned);
-            self.model = c.model.map(Cow::into_owned);
+        if self.head.is_none() && c.id.is_some() {
+            self.head = Some(data.into());
         }
         for ch in c.choices {
             self.note_choice(ch);
         }
+    }
+
+    /// The header members of the first content chunk; `None` before one came or where
+    /// it is not a readable chunk.
+    pub fn header(&self) -> Option<&Header> {
+        self.header
+            .get_or_init(|| {
+                let c = serde_json::from_slice::<Chunk<'_>>(self.head.as_deref()?).ok()?;
+                Some(Header {
+                    id: c.id.map(Cow::into_owned),
+                    created: c.created,
+                    object: c.object.map(Cow::into_owned),
+                    model: c.model.map(Cow::into_owned),
+                })
+            })
+            .as_ref()
+    }
+
+    /// Something the text does not capture went by, or the first chunk is unreadable:
+    /// no continuation is well defined.
+    pub fn opaque(&self) -> bool {
+        self.opaque || (self.head.is_some() && self.header().is_none())
     }
 
     fn note_choice(&mut self, ch: Choice<'_>) {
@@ -219,7 +252,7 @@ pub fn continuation(endpoint: Endpoint, body: &[u8], t: &Transcript, streamed: u
     if t.finished {
         return Cut::Finished;
     }
-    if t.opaque {
+    if t.opaque() {
         return Cut::Ineligible("opaque_stream");
     }
     let Ok(Value::Object(mut m)) = serde_json::from_slice::<Value>(body) else {
@@ -399,11 +432,12 @@ fn rewrite(ev: &[u8], s: &Splice) -> Option<Vec<u8>> {
 /// client that asked for usage.
 pub fn final_usage(t: &Transcript, prompt_tokens: Option<u32>, completion: u32) -> Bytes {
     let prompt = prompt_tokens.unwrap_or(0);
+    let h = t.header();
     let ev = serde_json::json!({
-        "id": t.id,
-        "object": t.object,
-        "created": t.created,
-        "model": t.model,
+        "id": h.and_then(|h| h.id.as_deref()),
+        "object": h.and_then(|h| h.object.as_deref()),
+        "created": h.and_then(|h| h.created),
+        "model": h.and_then(|h| h.model.as_deref()),
         "choices": [],
         "usage": {
             "prompt_tokens": prompt,
@@ -604,8 +638,8 @@ mod tests {
                 b.note_with(e.as_bytes(), false);
             }
             assert_eq!(
-                (&a.text, a.finished, a.opaque),
-                (&b.text, b.finished, b.opaque),
+                (&a.text, a.finished, a.opaque(), a.header()),
+                (&b.text, b.finished, b.opaque(), b.header()),
                 "{events:?}"
             );
         };
@@ -683,6 +717,45 @@ mod tests {
             .expect("the flat reader agrees with the parser");
     }
 
+    /// The header is the first chunk's, parsed when a continuation asks for it; a first
+    /// chunk whose choice reads but whose whole does not is opaque, as when the parser
+    /// read every first chunk.
+    #[test]
+    fn the_header_is_the_first_chunks_read_when_asked() {
+        let t = transcript(&[
+            r#"{"id":"cmpl-9","object":"text_completion","created":3,"model":"m","choices":[{"index":0,"text":"a","finish_reason":null}],"usage":null}"#,
+            r#"{"id":"other","created":4,"choices":[{"index":0,"text":"b"}]}"#,
+        ]);
+        assert_eq!(
+            t.header(),
+            Some(&Header {
+                id: Some("cmpl-9".into()),
+                created: Some(3),
+                object: Some("text_completion".into()),
+                model: Some("m".into()),
+            })
+        );
+        assert_eq!(t.text, "ab");
+        assert!(!t.opaque());
+        for bad in [
+            r#"{"id":"c","created":"soon","choices":[{"index":0,"text":"a"}]}"#,
+            r#"{"id":"c","choices":[{"index":0,"text":"a"}],"usage":}"#,
+        ] {
+            let t = transcript(&[bad]);
+            assert!(t.opaque(), "{bad}");
+            assert_eq!(
+                continuation(
+                    Endpoint::Completions,
+                    br#"{"model":"m","prompt":"p"}"#,
+                    &t,
+                    1
+                ),
+                Cut::Ineligible("opaque_stream")
+            );
+        }
+        assert_eq!(Transcript::default().header(), None);
+    }
+
     #[test]
     fn a_completion_continues_with_the_streamed_text_and_the_remaining_budget() {
         let t = transcript(&[
@@ -690,7 +763,8 @@ mod tests {
             r#"{"id":"cmpl-1","created":7,"choices":[{"index":0,"text":" \"world\"","logprobs":null,"finish_reason":null}]}"#,
         ]);
         assert_eq!(t.text, " Hello \"world\"");
-        assert_eq!((t.id.as_deref(), t.created), (Some("cmpl-1"), Some(7)));
+        let h = t.header().expect("header");
+        assert_eq!((h.id.as_deref(), h.created), (Some("cmpl-1"), Some(7)));
         let c = continuation(
             Endpoint::Completions,
             br#"{"model":"m","prompt":"Say:","max_tokens":10,"min_tokens":3,"stream":true}"#,
@@ -757,8 +831,8 @@ mod tests {
             Cut::Ineligible("opaque_stream")
         );
         let two = transcript(&[r#"{"id":"x","choices":[{"index":1,"text":"a"}]}"#]);
-        assert!(two.opaque);
-        assert!(transcript(&["not json"]).opaque);
+        assert!(two.opaque());
+        assert!(transcript(&["not json"]).opaque());
     }
 
     #[test]
