@@ -261,6 +261,27 @@ impl Slot {
     }
 }
 
+/// Settles, among the holders of one block's `entry`, every candidate alive at block
+/// `alive` (it matched every block before) that still holds it within its capacity and
+/// whose certificate reaches `bar` (`since ≥ bar`): its match becomes `len`. Returns
+/// how many. Shared by the settle before the walk and the certificate within it.
+fn settle(entry: &Entry, tab: &mut [Slot], alive: u32, len: u32, bar: u32) -> u32 {
+    let mut settled = 0u32;
+    let mut one = |hd: &Holder| {
+        if let Some(t) = tab.get_mut(hd.replica as usize)
+            && t.matched == alive
+            && hd.seq >= t.min_seq
+            && hd.since >= bar
+        {
+            t.matched = len;
+            settled += 1;
+        }
+    };
+    one(&entry.first);
+    entry.more.iter().for_each(one);
+    settled
+}
+
 /// Approximate, bounded, concurrent prefix index.
 #[derive(Debug)]
 pub struct PrefixIndex {
@@ -482,20 +503,7 @@ impl PrefixIndex {
             .map(|h| self.dropped[shard_of(*h)].load(Relaxed))
             .max()
             .map_or(0, born_tag);
-        let mut settled = 0u32;
-        let mut settle = |hd: &Holder| {
-            if let Some(t) = tab.get_mut(hd.replica as usize)
-                && t.matched == 0
-                && hd.seq >= t.min_seq
-                && hd.since >= dropped
-            {
-                t.matched = len;
-                settled += 1;
-            }
-        };
-        settle(&entry.first);
-        entry.more.iter().for_each(settle);
-        settled
+        settle(entry, tab, 0, len, dropped)
     }
 
     /// With the walk past blocks `..from` (`newest`: their newest `born`), settles every
@@ -533,21 +541,7 @@ impl PrefixIndex {
         let Some(entry) = shard.get(&last) else {
             return 0;
         };
-        let (alive, len) = (from as u32, present as u32);
-        let mut settled = 0u32;
-        let mut certify = |hd: &Holder| {
-            if let Some(t) = tab.get_mut(hd.replica as usize)
-                && t.matched == alive
-                && hd.seq >= t.min_seq
-                && hd.since >= newest
-            {
-                t.matched = len;
-                settled += 1;
-            }
-        };
-        certify(&entry.first);
-        entry.more.iter().for_each(certify);
-        settled
+        settle(entry, tab, from as u32, present as u32, newest)
     }
 
     /// Splits candidate `slots` into those presumed to hold block `hash` and the rest.
