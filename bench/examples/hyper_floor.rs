@@ -33,13 +33,18 @@ struct Floor {
     next: AtomicUsize,
 }
 
-fn args() -> Result<(SocketAddr, Vec<String>), String> {
+fn args() -> Result<(SocketAddr, Vec<String>, Option<usize>), String> {
     let mut listen = None;
+    let mut threads = None;
     let mut upstreams = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--listen" => listen = it.next(),
+            "--worker-threads" => {
+                let n = it.next().ok_or("--worker-threads needs a value")?;
+                threads = Some(n.parse().map_err(|e| format!("--worker-threads: {e}"))?);
+            }
             "--replica" => {
                 let r = it.next().ok_or("--replica needs a value")?;
                 let url = r.split(',').next().unwrap_or_default();
@@ -55,7 +60,7 @@ fn args() -> Result<(SocketAddr, Vec<String>), String> {
     if upstreams.is_empty() {
         return Err("at least one --replica".into());
     }
-    Ok((listen, upstreams))
+    Ok((listen, upstreams, threads))
 }
 
 async fn handle(f: Arc<Floor>, req: Request<Incoming>) -> Result<Response<Body>, hyper::Error> {
@@ -91,11 +96,12 @@ fn bad_gateway() -> Response<Body> {
 }
 
 fn main() -> Result<(), String> {
-    let (listen, upstreams) = args()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let (listen, upstreams, threads) = args()?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt.enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let f = Arc::new(Floor {
             client: Client::builder(TokioExecutor::new()).build_http(),

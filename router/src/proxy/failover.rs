@@ -41,7 +41,10 @@ use serde_json::{Map, Value};
 
 use headroom_core::lifecycle;
 
-use super::{body::Tracking, sse::event_end};
+use super::{
+    body::Tracking,
+    sse::{choices_end, event_end},
+};
 use crate::{
     clock,
     node::RequestPath,
@@ -116,10 +119,6 @@ impl<'de> Visitor<'de> for NoteChoices<'_> {
     }
 }
 
-const CHOICES: &[u8] = b"\"choices\":[";
-static M_CHOICES: super::sse::Marker =
-    super::sse::Marker::new(|| memchr::memmem::Finder::new(CHOICES));
-
 #[derive(Deserialize)]
 struct Choice<'a> {
     #[serde(default)]
@@ -147,25 +146,31 @@ struct Delta<'a> {
 impl Transcript {
     /// Notes one content event's payload (JSON, `data: ` stripped).
     pub fn note(&mut self, data: &[u8]) {
-        self.note_with(data, true);
+        self.note_at(data, choices_end(data));
     }
 
-    /// [`Self::note`], reading the plain choice forms without the parser where `flat`
+    /// [`Self::note`] where the caller has already looked for the first `"choices":[`:
+    /// `choices` is where it ends ([`choices_end`]), so the event is searched once.
+    pub fn note_at(&mut self, data: &[u8], choices: Option<usize>) {
+        self.note_with(data, choices, true);
+    }
+
+    /// [`Self::note_at`], reading the plain choice forms without the parser where `flat`
     /// (`flat_choice.rs`; `false`: the reference its tests compare with).
-    fn note_with(&mut self, data: &[u8], flat: bool) {
-        if let Some(at) = M_CHOICES.find(data) {
+    fn note_with(&mut self, data: &[u8], choices: Option<usize>, flat: bool) {
+        if let Some(at) = choices {
             // Chunks are read from their choices on (an unescaped `"choices":[` is
             // structural, as in `sse.rs`); the first is kept for its header members.
             if self.head.is_none() {
                 self.head = Some(data.into());
             }
-            if flat && let Some(c) = super::flat_choice::read(&data[at + CHOICES.len()..]) {
+            if flat && let Some(c) = super::flat_choice::read(&data[at..]) {
                 self.text.push_str(c.text.unwrap_or_default());
                 self.text.push_str(c.content.unwrap_or_default());
                 self.finished |= c.finished;
                 return;
             }
-            let mut de = serde_json::Deserializer::from_slice(&data[at + CHOICES.len() - 1..]);
+            let mut de = serde_json::Deserializer::from_slice(&data[at - 1..]);
             if NoteChoices(self).deserialize(&mut de).is_err() {
                 self.opaque = true;
             }
@@ -634,8 +639,9 @@ mod tests {
         let check = |events: &[String]| {
             let (mut a, mut b) = (Transcript::default(), Transcript::default());
             for e in std::iter::once(header.to_string()).chain(events.iter().cloned()) {
-                a.note_with(e.as_bytes(), true);
-                b.note_with(e.as_bytes(), false);
+                let at = choices_end(e.as_bytes());
+                a.note_with(e.as_bytes(), at, true);
+                b.note_with(e.as_bytes(), at, false);
             }
             assert_eq!(
                 (&a.text, a.finished, a.opaque(), a.header()),

@@ -129,27 +129,49 @@ pub(super) fn expect(rest: &[u8], at: usize, lit: &[u8]) -> Option<usize> {
 fn key(rest: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let open = expect(rest, at, b"\"")?;
     // Keys with escapes are not the plain form (and none of ours has one).
-    let len = memchr::memchr2(b'"', b'\\', rest.get(open..)?)?;
-    if rest[open + len] != b'"' {
-        return None;
-    }
+    let len = plain(rest.get(open..)?)?;
     Some((&rest[open..open + len], expect(rest, open + len + 1, b":")?))
 }
 
 /// A string value without escapes or control characters at `at`, and what follows it.
 fn string(rest: &[u8], at: usize) -> Option<(&str, usize)> {
     let open = expect(rest, at, b"\"")?;
-    let tail = rest.get(open..)?;
-    let len = memchr::memchr2(b'"', b'\\', tail)?;
-    if tail[len] != b'"' {
-        return None;
+    let len = plain(rest.get(open..)?)?;
+    Some((
+        std::str::from_utf8(&rest[open..open + len]).ok()?,
+        open + len + 1,
+    ))
+}
+
+/// The length of the plain string body at the start of `tail` (up to its closing
+/// quote); `None` at an escape, a raw control character (JSON forbids them;
+/// `serde_json` refuses them) or no closing quote. Eight bytes a step (SWAR): keys and
+/// tokens are a few bytes, where a SIMD search's setup costs more than the scan.
+fn plain(tail: &[u8]) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let mut words = tail.chunks_exact(8);
+    for (k, w) in words.by_ref().enumerate() {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        // `(x - LO·n) & !x & HI` flags the bytes of `x` below `n`; the lowest flag is
+        // exact (a borrow only spreads upwards), so the first byte flagged is the first
+        // quote, backslash or control character.
+        let (q, s) = (v ^ (LO * u64::from(b'"')), v ^ (LO * u64::from(b'\\')));
+        let m = ((q.wrapping_sub(LO) & !q)
+            | (s.wrapping_sub(LO) & !s)
+            | (v.wrapping_sub(LO * 0x20) & !v))
+            & HI;
+        if m != 0 {
+            let i = 8 * k + (m.trailing_zeros() / 8) as usize;
+            return (tail[i] == b'"').then_some(i);
+        }
     }
-    let raw = &tail[..len];
-    // JSON forbids raw control characters in strings; `serde_json` refuses them.
-    if raw.iter().any(|&b| b < 0x20) {
-        return None;
-    }
-    Some((std::str::from_utf8(raw).ok()?, open + len + 1))
+    let done = tail.len() - words.remainder().len();
+    let i = words
+        .remainder()
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    (tail[done + i] == b'"').then_some(done + i)
 }
 
 #[cfg(test)]
@@ -183,6 +205,31 @@ mod tests {
                 ..text("end")
             })
         );
+    }
+
+    #[test]
+    fn the_word_scan_finds_the_first_quote_escape_or_control_character() {
+        let scalar = |t: &[u8]| {
+            let i = t
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+            (t[i] == b'"').then_some(i)
+        };
+        // Every position of every stop byte, after bytes just above and below the flags'
+        // bounds (a borrow from a flagged byte must not hide or fake an earlier one).
+        let fill = [b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff, 0x21, 0x5b];
+        for len in 0..40 {
+            for stop in [b'"', b'\\', 0x00, 0x1f, 0x0a] {
+                for at in 0..=len {
+                    let mut t: Vec<u8> = (0..len).map(|i| fill[i % fill.len()]).collect();
+                    if at < len {
+                        t[at] = stop;
+                    }
+                    t.extend_from_slice(b"\"x\\");
+                    assert_eq!(plain(&t), scalar(&t), "{t:?}");
+                }
+            }
+        }
     }
 
     #[test]

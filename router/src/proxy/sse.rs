@@ -126,6 +126,8 @@ pub(super) type Marker = std::sync::LazyLock<memchr::memmem::Finder<'static>>;
 
 static M_USAGE_NULL: Marker = Marker::new(|| memchr::memmem::Finder::new(USAGE_NULL));
 static M_USAGE_OBJ: Marker = Marker::new(|| memchr::memmem::Finder::new(USAGE_OBJ));
+const CHOICES: &[u8] = b"\"choices\":[";
+static M_CHOICES: Marker = Marker::new(|| memchr::memmem::Finder::new(CHOICES));
 static M_CHOICES_SOME: Marker = Marker::new(|| memchr::memmem::Finder::new(b"\"choices\":[{"));
 static M_CHOICES_NONE: Marker = Marker::new(|| memchr::memmem::Finder::new(b"\"choices\":[]"));
 static M_METRICS: Marker = Marker::new(|| memchr::memmem::Finder::new(b"\"metrics\":{"));
@@ -179,9 +181,20 @@ fn usage_member_with(data: &[u8], flat: bool) -> Option<(Usage, std::ops::Range<
     Some((usage, range))
 }
 
-/// Whether the payload is a content chunk (at least one choice).
-fn has_choices(data: &[u8]) -> bool {
-    M_CHOICES_SOME.find(data).is_some()
+/// Where the first `"choices":[` in `data` ends (the offset of the array's first byte).
+pub(super) fn choices_end(data: &[u8]) -> Option<usize> {
+    M_CHOICES.find(data).map(|at| at + CHOICES.len())
+}
+
+/// Whether the payload is a content chunk (a `"choices":[{`), given where its first
+/// `"choices":[` ends: the one search serves the transcript too. `"choices":[` cannot
+/// overlap itself, so a later `"choices":[{` starts at or past `first`.
+fn has_choices(data: &[u8], first: Option<usize>) -> bool {
+    match first {
+        None => false,
+        Some(i) if data.get(i) == Some(&b'{') => true,
+        Some(i) => M_CHOICES_SOME.find(&data[i..]).is_some(),
+    }
 }
 
 impl SseScanner {
@@ -377,7 +390,8 @@ impl SseScanner {
                 Verdict::Pass
             };
         }
-        let content = has_choices(data);
+        let choices = choices_end(data);
+        let content = has_choices(data, choices);
         let member = usage_member(data);
         if !content {
             if member.is_some() || M_USAGE_OBJ.find(data).is_some() {
@@ -404,7 +418,7 @@ impl SseScanner {
         self.last_content_read = self.reads;
         self.content_events += 1;
         if let Some(t) = self.transcript.as_mut() {
-            t.note(data.trim_ascii_end());
+            t.note_at(data.trim_ascii_end(), choices);
         }
         match member {
             Some((u, range)) => {
