@@ -48,40 +48,69 @@ pub(crate) const WORDS: [&str; 8] = [
     " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog",
 ];
 
+/// One completion chunk's JSON as real vLLM writes it (0.11–0.13: members and their
+/// order as in `scripts/vllm/fixtures/completion-stream-usage.sse`), the last with
+/// `finish_reason` `"length"`; `usage` (prompt, completion tokens so far) adds the
+/// per-chunk usage of `continuous_usage_stats` after the choices. Byte-exact, so a
+/// proxy that reads chunks meets the layout it meets in production.
+pub(crate) fn vllm_chunk(
+    id: &str,
+    model: &str,
+    text: &str,
+    last: bool,
+    usage: Option<(u32, u32)>,
+) -> String {
+    let q = |s: &str| serde_json::Value::from(s).to_string();
+    let finish = if last { "\"length\"" } else { "null" };
+    let usage = usage.map_or(String::new(), |(p, c)| {
+        format!(
+            ",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{c}}}",
+            p + c
+        )
+    });
+    format!(
+        "{{\"id\":{},\"object\":\"text_completion\",\"created\":1700000000,\"model\":{},\"choices\":[{{\"index\":0,\"text\":{},\"logprobs\":null,\"finish_reason\":{finish},\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}}]{usage}}}",
+        q(id),
+        q(model),
+        q(text)
+    )
+}
+
+/// The final usage chunk's JSON as real vLLM writes it (with
+/// `--enable-prompt-tokens-details`, nothing cached).
+pub(crate) fn vllm_usage_chunk(id: &str, model: &str, prompt: u32, completion: u32) -> String {
+    let q = |s: &str| serde_json::Value::from(s).to_string();
+    format!(
+        "{{\"id\":{},\"object\":\"text_completion\",\"created\":1700000000,\"model\":{},\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":{},\"completion_tokens\":{completion},\"prompt_tokens_details\":{{\"cached_tokens\":0}}}}}}",
+        q(id),
+        q(model),
+        prompt + completion
+    )
+}
+
 impl FixedBodies {
     /// Bodies for `model` with `tokens` token events and a `prompt_tokens` usage count.
     pub fn new(model: &str, tokens: u32, prompt_tokens: u32) -> Self {
         let mut s = String::new();
         for i in 0..tokens {
-            let finish = if i + 1 == tokens {
-                "\"length\""
-            } else {
-                "null"
-            };
-            let chunk = serde_json::json!({
-                "id": "cmpl-fixed0000000000000000", "object": "text_completion",
-                "created": 1_700_000_000u64, "model": model,
-                "choices": [{"index": 0, "text": WORDS[i as usize % WORDS.len()],
-                             "logprobs": null, "finish_reason": null, "stop_reason": null}],
-                "usage": null,
-            });
-            let text = chunk.to_string().replace(
-                "\"finish_reason\":null",
-                &format!("\"finish_reason\":{finish}"),
-            );
+            let text = WORDS[i as usize % WORDS.len()];
             s.push_str("data: ");
-            s.push_str(&text);
+            s.push_str(&vllm_chunk(
+                "cmpl-fixed0000000000000000",
+                model,
+                text,
+                i + 1 == tokens,
+                None,
+            ));
             s.push_str("\n\n");
         }
-        let usage = serde_json::json!({
-            "id": "cmpl-fixed0000000000000000", "object": "text_completion",
-            "created": 1_700_000_000u64, "model": model, "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + tokens,
-                      "completion_tokens": tokens,
-                      "prompt_tokens_details": {"cached_tokens": 0}},
-        });
         s.push_str("data: ");
-        s.push_str(&usage.to_string());
+        s.push_str(&vllm_usage_chunk(
+            "cmpl-fixed0000000000000000",
+            model,
+            prompt_tokens,
+            tokens,
+        ));
         s.push_str("\n\ndata: [DONE]\n\n");
         let models = serde_json::json!({"object": "list", "data": [{
             "id": model, "object": "model", "created": 1_700_000_000u64, "owned_by": "vllm",
@@ -295,6 +324,14 @@ mod tests {
         assert_eq!(t.output_tokens(), 20);
         assert_eq!(t.usage.map(|u| u.prompt_tokens), Some(400));
         let len = b.stream.len();
-        assert!((3000..4500).contains(&len), "stream is {len} bytes");
+        assert!((4000..6000).contains(&len), "stream is {len} bytes");
+        // vLLM's own bytes (members and order of `scripts/vllm/fixtures`), not a
+        // re-serialisation: proxies that read chunks meet what production sends.
+        let first = br#"data: {"id":"cmpl-fixed0000000000000000","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}
+
+"#;
+        assert!(b.stream.starts_with(first));
+        let counted = vllm_chunk("c", "m", "x", true, Some((7, 3)));
+        assert!(counted.ends_with(r#""finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":7,"total_tokens":10,"completion_tokens":3}}"#));
     }
 }

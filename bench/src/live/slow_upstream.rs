@@ -36,7 +36,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::fixed_upstream::{
-    FixedBodies, MAX_BODY, UNREADABLE_BODY, WORDS, accept_loop, side_route,
+    FixedBodies, MAX_BODY, UNREADABLE_BODY, WORDS, accept_loop, side_route, vllm_chunk,
+    vllm_usage_chunk,
 };
 
 /// What every stream sends, built once.
@@ -58,36 +59,22 @@ impl SlowChunks {
     /// Chunks for `model`: `tokens` token events (at least one), `interval` apart.
     pub fn new(model: &str, tokens: u32, prompt_tokens: u32, interval: Duration) -> Self {
         let tokens = tokens.max(1);
-        let chunk = |i: u32, usage: serde_json::Value| {
-            let finish = if i + 1 == tokens {
-                serde_json::json!("length")
-            } else {
-                serde_json::Value::Null
-            };
-            let v = serde_json::json!({
-                "id": "cmpl-slow00000000000000000", "object": "text_completion",
-                "created": 1_700_000_000u64, "model": model,
-                "choices": [{"index": 0, "text": WORDS[i as usize % WORDS.len()],
-                             "logprobs": null, "finish_reason": finish, "stop_reason": null}],
-                "usage": usage,
-            });
-            Bytes::from(format!("data: {v}\n\n"))
+        let chunk = |i: u32, usage: Option<(u32, u32)>| {
+            let text = WORDS[i as usize % WORDS.len()];
+            let json = vllm_chunk(
+                "cmpl-slow00000000000000000",
+                model,
+                text,
+                i + 1 == tokens,
+                usage,
+            );
+            Bytes::from(format!("data: {json}\n\n"))
         };
-        let usage_of = |done: u32| {
-            serde_json::json!({"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + done,
-                               "completion_tokens": done})
-        };
-        let plain = (0..tokens)
-            .map(|i| chunk(i, serde_json::Value::Null))
+        let plain = (0..tokens).map(|i| chunk(i, None)).collect();
+        let counted = (0..tokens)
+            .map(|i| chunk(i, Some((prompt_tokens, i + 1))))
             .collect();
-        let counted = (0..tokens).map(|i| chunk(i, usage_of(i + 1))).collect();
-        let usage = serde_json::json!({
-            "id": "cmpl-slow00000000000000000", "object": "text_completion",
-            "created": 1_700_000_000u64, "model": model, "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + tokens,
-                      "completion_tokens": tokens,
-                      "prompt_tokens_details": {"cached_tokens": 0}},
-        });
+        let usage = vllm_usage_chunk("cmpl-slow00000000000000000", model, prompt_tokens, tokens);
         // The idle-vLLM answers of the other routes are the fixed upstream's.
         let fixed = FixedBodies::new(model, 1, prompt_tokens);
         SlowChunks {

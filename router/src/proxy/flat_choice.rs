@@ -50,9 +50,50 @@ pub struct Choice<'a> {
     pub finished: bool,
 }
 
+/// The exact bytes real vLLM sends around a token's text (0.11–0.13, completions and
+/// chat; `scripts/vllm/fixtures`): the text's opening and what follows its closing
+/// quote, through the choices' `]`. A choice of one of these forms is a plain one
+/// whose members [`read_members`] reads to the same text, not finished; matching the
+/// two literals costs a fraction of reading the members one by one.
+const TEMPLATES: [(&[u8], &[u8], bool); 2] = [
+    (
+        br#"{"index":0,"text":""#,
+        br#","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]"#,
+        false,
+    ),
+    (
+        br#"{"index":0,"delta":{"content":""#,
+        br#"},"logprobs":null,"finish_reason":null,"token_ids":null}]"#,
+        true,
+    ),
+];
+
 /// The choice's text and delta content (either may be absent), from the bytes right
 /// after `"choices":[`; `None` where the chunk is not of the plain form.
 pub fn read(rest: &[u8]) -> Option<Choice<'_>> {
+    for (head, tail, delta) in TEMPLATES {
+        if let Some(open) = expect(rest, 0, head)
+            && let Some(len) = plain(&rest[open..])
+            && expect(rest, open + len + 1, tail).is_some()
+        {
+            let s = std::str::from_utf8(&rest[open..open + len]).ok()?;
+            let (text, content) = if delta {
+                (None, Some(s))
+            } else {
+                (Some(s), None)
+            };
+            return Some(Choice {
+                text,
+                content,
+                finished: false,
+            });
+        }
+    }
+    read_members(rest)
+}
+
+/// [`read`] without the templates: the members one by one, in any order.
+fn read_members(rest: &[u8]) -> Option<Choice<'_>> {
     if rest.first() == Some(&b']') {
         return Some(Choice::default());
     }
@@ -230,6 +271,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_templates_read_what_the_members_read() {
+        let texts = [
+            "",
+            " information",
+            "0000000000000000",
+            "é中",
+            "a\\b",
+            "x\"y",
+            "\u{1}",
+        ];
+        for (head, tail, _) in TEMPLATES {
+            for t in texts {
+                // The template itself, and each single-byte change of its tail.
+                let whole = [head, t.as_bytes(), b"\"", tail].concat();
+                assert_eq!(
+                    read(&whole),
+                    read_members(&whole),
+                    "{}",
+                    String::from_utf8_lossy(&whole)
+                );
+                let at = head.len() + t.len() + 1;
+                for i in at..whole.len() {
+                    let mut bent = whole.clone();
+                    bent[i] = b'x';
+                    assert_eq!(
+                        read(&bent),
+                        read_members(&bent),
+                        "{}",
+                        String::from_utf8_lossy(&bent)
+                    );
+                }
+            }
+        }
+        let vllm = [head_of(0), " information".as_bytes(), b"\"", TEMPLATES[0].1].concat();
+        assert_eq!(read(&vllm).and_then(|c| c.text), Some(" information"));
+    }
+
+    fn head_of(i: usize) -> &'static [u8] {
+        TEMPLATES[i].0
     }
 
     #[test]
