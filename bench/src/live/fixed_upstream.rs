@@ -48,7 +48,7 @@ pub(crate) const WORDS: [&str; 8] = [
     " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog",
 ];
 
-/// One completion chunk's JSON as real vLLM writes it (0.11–0.13: members and their
+/// One completion chunk's JSON as real vLLM writes it (0.32: members and their
 /// order as in `scripts/vllm/fixtures/completion-stream-usage.sse`), the last with
 /// `finish_reason` `"length"`; `usage` (prompt, completion tokens so far) adds the
 /// per-chunk usage of `continuous_usage_stats` after the choices. Byte-exact, so a

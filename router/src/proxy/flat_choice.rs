@@ -50,7 +50,7 @@ pub struct Choice<'a> {
     pub finished: bool,
 }
 
-/// The exact bytes real vLLM sends around a token's text (0.11–0.13, completions and
+/// The exact bytes real vLLM sends around a token's text (0.32, the CPU build of `scripts/vllm`; completions and
 /// chat; `scripts/vllm/fixtures`): the text's opening and what follows its closing
 /// quote, through the choices' `]`. A choice of one of these forms is a plain one
 /// whose members [`read_members`] reads to the same text, not finished; matching the

@@ -31,7 +31,7 @@ pub fn read(obj: &[u8]) -> Option<(Usage, usize)> {
     read_vllm(obj).or_else(|| read_members(obj))
 }
 
-/// The three counts in the order real vLLM writes them (0.11–0.13), read straight
+/// The three counts in the order real vLLM writes them (0.32), read straight
 /// through: a plain object [`read_members`] reads the same, at a fraction of the cost.
 fn read_vllm(obj: &[u8]) -> Option<(Usage, usize)> {
     let (prompt_tokens, at) = small(obj, expect(obj, 0, b"{\"prompt_tokens\":")?)?;
