@@ -50,8 +50,8 @@ pub struct Choice<'a> {
     pub finished: bool,
 }
 
-/// The exact bytes real vLLM sends around a token's text (0.32, the CPU build of `scripts/vllm`; completions and
-/// chat; `scripts/vllm/fixtures`): the text's opening and what follows its closing
+/// The exact bytes real vLLM sends around a token's text (0.32, completions and chat,
+/// as in `scripts/vllm/fixtures`): the text's opening and what follows its closing
 /// quote, through the choices' `]`. A choice of one of these forms is a plain one
 /// whose members [`read_members`] reads to the same text, not finished; matching the
 /// two literals costs a fraction of reading the members one by one.
