@@ -37,10 +37,22 @@ fn read_vllm(obj: &[u8]) -> Option<(Usage, usize)> {
     let (prompt_tokens, at) = small(obj, expect(obj, 0, b"{\"prompt_tokens\":")?)?;
     let (_, at) = integer(obj, expect(obj, at, b",\"total_tokens\":")?)?;
     let (completion_tokens, at) = small(obj, expect(obj, at, b",\"completion_tokens\":")?)?;
-    let usage = Usage {
+    let mut usage = Usage {
         prompt_tokens,
         completion_tokens,
         prompt_tokens_details: None,
+    };
+    // `--enable-prompt-tokens-details` adds the cached count last.
+    let at = match expect(obj, at, b",\"prompt_tokens_details\":") {
+        None => at,
+        Some(d) => match expect(obj, d, b"null") {
+            Some(after) => after,
+            None => {
+                let (cached_tokens, after) = small(obj, expect(obj, d, b"{\"cached_tokens\":")?)?;
+                usage.prompt_tokens_details = Some(PromptDetails { cached_tokens });
+                expect(obj, after, b"}")?
+            }
+        },
     };
     Some((usage, expect(obj, at, b"}")?))
 }
@@ -131,21 +143,32 @@ mod tests {
 
     #[test]
     fn the_vllm_order_reads_what_the_members_read() {
-        let whole = br#"{"prompt_tokens":812,"total_tokens":940,"completion_tokens":128},"x":1}"#;
-        let want = read_members(whole);
-        assert_eq!(read_vllm(whole), want);
-        assert_eq!(want.map(|(u, e)| (u.completion_tokens, e)), Some((128, 64)));
-        // Each single-byte change reads the same both ways (or falls to the members).
-        for i in 0..whole.len() {
-            for b in [b'x', b'0', b'9', b',', b'}', b'-'] {
-                let mut bent = whole.to_vec();
-                bent[i] = b;
-                assert_eq!(
-                    read(&bent),
-                    read_members(&bent),
-                    "{}",
-                    String::from_utf8_lossy(&bent)
-                );
+        let plain = br#"{"prompt_tokens":812,"total_tokens":940,"completion_tokens":128},"x":1}"#;
+        assert_eq!(
+            read_members(plain).map(|(u, e)| (u.completion_tokens, e)),
+            Some((128, 64))
+        );
+        let cached = br#"{"prompt_tokens":812,"total_tokens":940,"completion_tokens":128,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+        assert_eq!(
+            read_vllm(cached).and_then(|(u, _)| u.cached_tokens()),
+            Some(64)
+        );
+        let none = br#"{"prompt_tokens":8,"total_tokens":9,"completion_tokens":1,"prompt_tokens_details":null}"#;
+        for whole in [&plain[..], cached, none] {
+            assert!(read_vllm(whole).is_some());
+            assert_eq!(read_vllm(whole), read_members(whole));
+            // Each single-byte change reads the same both ways (or falls to the members).
+            for i in 0..whole.len() {
+                for b in [b'x', b'0', b'9', b',', b'}', b'-', b'n'] {
+                    let mut bent = whole.to_vec();
+                    bent[i] = b;
+                    assert_eq!(
+                        read(&bent),
+                        read_members(&bent),
+                        "{}",
+                        String::from_utf8_lossy(&bent)
+                    );
+                }
             }
         }
     }
