@@ -10,8 +10,9 @@
 //! the usage and the object's end are what the `serde_json` path gives. It accepts only
 //! compact JSON (no whitespace) `{members}` whose members, in any order and each at
 //! most once, are `prompt_tokens`, `completion_tokens` (integers that fit a `u32`),
-//! `total_tokens` (an integer, read past) and `prompt_tokens_details` (`null` or
-//! `{"cached_tokens":n}`); integers without sign, fraction, exponent or leading zero.
+//! `total_tokens` (an integer, read past), `prompt_tokens_details` (`null` or
+//! `{"cached_tokens":n}`) and `completion_tokens_details` (`null`, as vLLM 0.32's chat
+//! chunks carry it); integers without sign, fraction, exponent or leading zero.
 //! Every other form returns `None`, and the caller parses the object as before.
 //! Cost: one pass over the object's bytes.
 
@@ -24,6 +25,7 @@ const PROMPT: u16 = 1;
 const COMPLETION: u16 = 1 << 1;
 const TOTAL: u16 = 1 << 2;
 const DETAILS: u16 = 1 << 3;
+const COMPLETION_DETAILS: u16 = 1 << 4;
 
 /// The usage in the object at the start of `obj` (its `{`), and the offset just past
 /// its `}`; `None` where the object is not of the plain form.
@@ -54,6 +56,8 @@ fn read_vllm(obj: &[u8]) -> Option<(Usage, usize)> {
             }
         },
     };
+    // Chat chunks carry an empty completion breakdown.
+    let at = expect(obj, at, b",\"completion_tokens_details\":null").unwrap_or(at);
     Some((usage, expect(obj, at, b"}")?))
 }
 
@@ -82,6 +86,7 @@ fn read_members(obj: &[u8]) -> Option<(Usage, usize)> {
             });
             Some((DETAILS, expect(obj, after, b"}")?))
         }
+        b"completion_tokens_details" => Some((COMPLETION_DETAILS, expect(obj, at, b"null")?)),
         _ => None,
     })?;
     Some((u, end))
@@ -154,7 +159,9 @@ mod tests {
             Some(64)
         );
         let none = br#"{"prompt_tokens":8,"total_tokens":9,"completion_tokens":1,"prompt_tokens_details":null}"#;
-        for whole in [&plain[..], cached, none] {
+        // A chat chunk's usage as vLLM 0.32 streams it.
+        let chat = br#"{"prompt_tokens":14,"total_tokens":15,"completion_tokens":1,"completion_tokens_details":null}"#;
+        for whole in [&plain[..], cached, none, chat] {
             assert!(read_vllm(whole).is_some());
             assert_eq!(read_vllm(whole), read_members(whole));
             // Each single-byte change reads the same both ways (or falls to the members).

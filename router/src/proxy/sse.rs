@@ -490,6 +490,8 @@ mod tests {
             Just(r#""prompt_tokens_details":{}"#.to_string()),
             Just(r#""prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0}"#.to_string()),
             Just(r#""reasoning_tokens":4"#.to_string()),
+            Just(r#""completion_tokens_details":null"#.to_string()),
+            Just(r#""completion_tokens_details":{"reasoning_tokens":0}"#.to_string()),
             Just(r#" "prompt_tokens":1"#.to_string()),
         ];
         let chunk =
