@@ -156,6 +156,10 @@ def main() -> int:
     c.save("completion-stream-usage.sse", "POST", "/v1/completions",
            {"model": MODEL, "prompt": short, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}, 200)
+    c.save("completion-stream-chunk-usage.sse", "POST", "/v1/completions",
+           {"model": MODEL, "prompt": short, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+           200, "usage in every chunk, as the router asks for it")
     c.save("completion-stream-no-usage.sse", "POST", "/v1/completions",
            {"model": MODEL, "prompt": short, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
             "stream": True}, 200, "no stream_options: the stream carries no usage chunk")
@@ -166,6 +170,10 @@ def main() -> int:
     c.save("chat-stream-usage.sse", "POST", "/v1/chat/completions",
            {"model": MODEL, "messages": chat_msgs, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}, 200)
+    c.save("chat-stream-chunk-usage.sse", "POST", "/v1/chat/completions",
+           {"model": MODEL, "messages": chat_msgs, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+           200, "usage in every chunk, as the router asks for it")
     # Greedy output repeats itself, so a piece of an earlier answer makes a stop
     # string that fires: finish_reason "stop", stop_reason set, fewer tokens.
     probe = json.loads(request(c.base + "/v1/completions",

@@ -649,7 +649,12 @@ mod tests {
                 "{events:?}"
             );
         };
-        for fixture in ["completion-stream-usage.sse", "chat-stream-usage.sse"] {
+        for fixture in [
+            "completion-stream-usage.sse",
+            "chat-stream-usage.sse",
+            "completion-stream-chunk-usage.sse",
+            "chat-stream-chunk-usage.sse",
+        ] {
             let path = format!(
                 "{}/../scripts/vllm/fixtures/{fixture}",
                 env!("CARGO_MANIFEST_DIR")

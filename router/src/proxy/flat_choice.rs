@@ -71,6 +71,11 @@ const TEMPLATES: [(&[u8], &[u8], bool); 2] = [
 /// The choice's text and delta content (either may be absent), from the bytes right
 /// after `"choices":[`; `None` where the chunk is not of the plain form.
 pub fn read(rest: &[u8]) -> Option<Choice<'_>> {
+    template(rest).or_else(|| read_members(rest))
+}
+
+/// [`read`] where the choice is of one of the [`TEMPLATES`]; `None` otherwise.
+fn template(rest: &[u8]) -> Option<Choice<'_>> {
     for (head, tail, delta) in TEMPLATES {
         if let Some(open) = expect(rest, 0, head)
             && let Some(len) = plain(&rest[open..])
@@ -89,7 +94,7 @@ pub fn read(rest: &[u8]) -> Option<Choice<'_>> {
             });
         }
     }
-    read_members(rest)
+    None
 }
 
 /// [`read`] without the templates: the members one by one, in any order.
@@ -309,6 +314,51 @@ mod tests {
         }
         let vllm = [head_of(0), " information".as_bytes(), b"\"", TEMPLATES[0].1].concat();
         assert_eq!(read(&vllm).and_then(|c| c.text), Some(" information"));
+    }
+
+    /// Real vLLM's streams (`scripts/vllm/fixtures`, captured from the server the suite
+    /// runs) take the straight reads for every token but the first and the last: a
+    /// layout change in a new vLLM fails here, not silently in the router's CPU.
+    #[test]
+    fn real_vllm_tokens_take_the_straight_reads() {
+        for fixture in [
+            "completion-stream-chunk-usage.sse",
+            "chat-stream-chunk-usage.sse",
+        ] {
+            let path = format!(
+                "{}/../scripts/vllm/fixtures/{fixture}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let sse = std::fs::read(path).expect("fixture");
+            let content: Vec<&[u8]> = sse
+                .split(|&b| b == b'\n')
+                .filter_map(|l| l.strip_prefix(b"data: "))
+                .filter(|d| d.windows(12).any(|w| w == b"\"choices\":[{"))
+                .collect();
+            assert!(content.len() >= 8, "{fixture}: {} events", content.len());
+            for data in &content[1..content.len() - 1] {
+                let at = data
+                    .windows(11)
+                    .position(|w| w == b"\"choices\":[")
+                    .expect("choices")
+                    + 11;
+                assert!(
+                    template(&data[at..]).is_some(),
+                    "{}",
+                    String::from_utf8_lossy(data)
+                );
+                let u = data
+                    .windows(9)
+                    .position(|w| w == b"\"usage\":{")
+                    .expect("usage")
+                    + 8;
+                assert!(
+                    super::super::flat_usage::read_vllm(&data[u..]).is_some(),
+                    "{}",
+                    String::from_utf8_lossy(data)
+                );
+            }
+        }
     }
 
     fn head_of(i: usize) -> &'static [u8] {

@@ -35,7 +35,7 @@ pub fn read(obj: &[u8]) -> Option<(Usage, usize)> {
 
 /// The three counts in the order real vLLM writes them (0.32), read straight
 /// through: a plain object [`read_members`] reads the same, at a fraction of the cost.
-fn read_vllm(obj: &[u8]) -> Option<(Usage, usize)> {
+pub(super) fn read_vllm(obj: &[u8]) -> Option<(Usage, usize)> {
     let (prompt_tokens, at) = small(obj, expect(obj, 0, b"{\"prompt_tokens\":")?)?;
     let (_, at) = integer(obj, expect(obj, at, b",\"total_tokens\":")?)?;
     let (completion_tokens, at) = small(obj, expect(obj, at, b",\"completion_tokens\":")?)?;
