@@ -104,6 +104,8 @@ struct Choice<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     delta: Option<Delta<'a>>,
+    #[serde(default)]
+    finish_reason: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +194,17 @@ impl StreamTally {
             self.first_content.get_or_insert(at);
             self.last_content = Some(at);
             self.content_events += 1;
+        } else if self.first_content.is_none()
+            && ev
+                .choices
+                .iter()
+                .flatten()
+                .any(|c| c.finish_reason.is_some())
+        {
+            // A generation whose only token decodes to no text (an end-of-sequence
+            // first) still had a first token: the event that ended it.
+            self.first_content = Some(at);
+            self.last_content = Some(at);
         }
         if let Some(u) = ev.usage {
             self.usage = Some(Usage {
@@ -251,6 +264,33 @@ mod tests {
         s.feed(b"\n\ndata: ok\n\n", |_| n += 1);
         assert_eq!(n, 1);
         assert_eq!(s.dropped_lines, 1);
+    }
+
+    /// A random-weight model can end a generation with its first token, an
+    /// end-of-sequence that decodes to no text (seen on the real-vLLM pair): the
+    /// request still had a time to first token, when that event came.
+    #[test]
+    fn a_generation_of_one_textless_token_still_has_a_first_token() {
+        let t0 = Instant::now();
+        let t1 = t0 + std::time::Duration::from_millis(30);
+        let mut t = StreamTally::default();
+        t.event(
+            br#"{"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"stop","stop_reason":null}]}"#,
+            t1,
+        );
+        t.event(
+            br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1}}"#,
+            t1,
+        );
+        assert_eq!((t.first_content, t.last_content), (Some(t1), Some(t1)));
+        assert_eq!(t.output_tokens(), 1);
+        // A chat role chunk (no finish) is not a token.
+        let mut c = StreamTally::default();
+        c.event(
+            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+            t0,
+        );
+        assert_eq!(c.first_content, None);
     }
 
     #[test]
