@@ -34,7 +34,12 @@ fn main() -> Result<(), String> {
         .nth(1)
         .ok_or("usage: gate_trace JOURNAL.jsonl")?;
     let f = File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
-    let es = read_journal(BufReader::new(f))?;
+    // Journals kept in `bench/results` are gzipped.
+    let es = if path.ends_with(".gz") {
+        read_journal(BufReader::new(flate2::read::GzDecoder::new(f)))?
+    } else {
+        read_journal(BufReader::new(f))?
+    };
     let mut learner = Learner::new(PredictorConfig::default());
     for e in &es {
         e.apply(&mut learner);

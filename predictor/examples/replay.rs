@@ -85,7 +85,12 @@ fn main() -> Result<(), String> {
     let mut table: BTreeMap<(String, &str), Acc> = BTreeMap::new();
     for path in &paths {
         let f = File::open(path).map_err(|e| format!("open {path}: {e}"))?;
-        let es = read_journal(BufReader::new(f))?;
+        // Journals kept in `bench/results` are gzipped.
+        let es = if path.ends_with(".gz") {
+            read_journal(BufReader::new(flate2::read::GzDecoder::new(f)))?
+        } else {
+            read_journal(BufReader::new(f))?
+        };
         let mut learner = Learner::new(PredictorConfig::default());
         let mut snap = learner.snapshot(0.0);
         let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
