@@ -287,28 +287,34 @@ fn tail(_c: &mut Criterion) {
             }
         }
         println!(
-            "decision/tail/route/slo/{n}: p50 {:.1} µs, p90 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs ({} decisions)",
-            h.value_at_quantile(0.5) as f64 / 1e3,
-            h.value_at_quantile(0.9) as f64 / 1e3,
-            h.value_at_quantile(0.99) as f64 / 1e3,
-            h.value_at_quantile(0.999) as f64 / 1e3,
+            "decision/tail/route/slo/{n}: {}, max {:.1} µs ({} decisions)",
+            spread(&h),
             h.max() as f64 / 1e3,
             h.len()
         );
         println!("decision/tail/route/slo/{n}: fallbacks {fallbacks:?}");
         let floor = machine_floor(h.value_at_quantile(0.5), decisions);
         println!(
-            "decision/tail/route/slo/{n}: the machine alone: a fixed computation of that p50 timed alike: p50 {:.1} µs, p90 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs",
-            floor.value_at_quantile(0.5) as f64 / 1e3,
-            floor.value_at_quantile(0.9) as f64 / 1e3,
-            floor.value_at_quantile(0.99) as f64 / 1e3,
-            floor.value_at_quantile(0.999) as f64 / 1e3,
+            "decision/tail/route/slo/{n}: the machine alone: a fixed computation of that p50 timed alike: {}",
+            spread(&floor)
         );
         if digest {
             use std::hash::Hasher;
             println!("decision/tail/route/slo/{n}: digest {:016x}", sum.finish());
         }
     }
+}
+
+/// p50, p90, p99 and p99.9 of a histogram of nanoseconds, in µs.
+fn spread(h: &hdrhistogram::Histogram<u64>) -> String {
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1e3;
+    format!(
+        "p50 {:.1} µs, p90 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs",
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        q(0.999)
+    )
 }
 
 /// A fixed computation (a dependent multiply chain, no memory traffic) sized to take

@@ -337,11 +337,7 @@ mod tests {
                 .collect();
             assert!(content.len() >= 8, "{fixture}: {} events", content.len());
             for data in &content[1..content.len() - 1] {
-                let at = data
-                    .windows(11)
-                    .position(|w| w == b"\"choices\":[")
-                    .expect("choices")
-                    + 11;
+                let at = super::super::sse::choices_end(data).expect("choices");
                 assert!(
                     template(&data[at..]).is_some(),
                     "{}",
